@@ -1,0 +1,149 @@
+"""art: train LLM agents with GRPO inside the code they already live in.
+
+    model = art.TrainableModel(name="agent-001", project="demo", base_model="...")
+    await model.register(LocalBackend())
+    groups = await art.gather_trajectory_groups(
+        art.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios
+    )
+    await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+
+Names are loaded on first use, so `import art` is instant and pulls in no heavy library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Trajectory": "art.core.trajectories",
+    "TrajectoryGroup": "art.core.trajectories",
+    "History": "art.core.trajectories",
+    "PydanticException": "art.core.trajectories",
+    "MetadataValue": "art.core.trajectories",
+    "Message": "art.core.types",
+    "MessageOrChoice": "art.core.types",
+    "Messages": "art.core.types",
+    "MessagesAndChoices": "art.core.types",
+    "Tool": "art.core.types",
+    "Tools": "art.core.types",
+    "TrainConfig": "art.core.types",
+    "Model": "art.core.model",
+    "TrainableModel": "art.core.model",
+    "Backend": "art.core.backend",
+    "gather_trajectory_groups": "art.core.gather",
+    "gather_trajectories": "art.core.gather",
+    "iterate_dataset": "art.core.utils",
+    "limit_concurrency": "art.core.utils",
+    "retry": "art.core.utils",
+    "ArtError": "art.core.errors",
+    "ArtValueError": "art.core.errors",
+    "BackendError": "art.core.errors",
+    "ConfigError": "art.core.errors",
+    "JudgeError": "art.core.errors",
+    "ModelNotRegisteredError": "art.core.errors",
+    "NotBuiltError": "art.core.errors",
+    "RolloutError": "art.core.errors",
+    "TrainingError": "art.core.errors",
+    "TrajectoryValidationError": "art.core.errors",
+    "LocalBackend": "art.backends.local",
+    "auto_trajectory": "art.integrations.capture",
+    "capture_auto_trajectory": "art.integrations.capture",
+    "yield_trajectory": "art.integrations.capture",
+    "capture_yielded_trajectory": "art.integrations.capture",
+}
+_SUBMODULES = {
+    "dev",
+    "utils",
+    "types",
+    "trajectories",
+    "gather",
+    "model",
+    "backend",
+    "local",
+    "serverless",
+    "skypilot",
+    "rewards",
+    "langgraph",
+    "mcp",
+    "autorl",
+    "ruler",
+}
+
+__all__ = sorted([*_EXPORTS, "dev"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"art.{name}")
+    else:
+        raise AttributeError(f"module 'art' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])
+
+
+if TYPE_CHECKING:
+    from . import dev as dev
+    from .backends.local import LocalBackend as LocalBackend
+    from .core.backend import Backend as Backend
+    from .core.errors import (
+        ArtError as ArtError,
+    )
+    from .core.errors import (
+        ArtValueError as ArtValueError,
+    )
+    from .core.errors import (
+        BackendError as BackendError,
+    )
+    from .core.errors import (
+        ConfigError as ConfigError,
+    )
+    from .core.errors import (
+        JudgeError as JudgeError,
+    )
+    from .core.errors import (
+        ModelNotRegisteredError as ModelNotRegisteredError,
+    )
+    from .core.errors import (
+        NotBuiltError as NotBuiltError,
+    )
+    from .core.errors import (
+        RolloutError as RolloutError,
+    )
+    from .core.errors import (
+        TrainingError as TrainingError,
+    )
+    from .core.errors import (
+        TrajectoryValidationError as TrajectoryValidationError,
+    )
+    from .core.gather import gather_trajectories as gather_trajectories
+    from .core.gather import gather_trajectory_groups as gather_trajectory_groups
+    from .core.model import Model as Model
+    from .core.model import TrainableModel as TrainableModel
+    from .core.trajectories import History as History
+    from .core.trajectories import MetadataValue as MetadataValue
+    from .core.trajectories import PydanticException as PydanticException
+    from .core.trajectories import Trajectory as Trajectory
+    from .core.trajectories import TrajectoryGroup as TrajectoryGroup
+    from .core.types import Message as Message
+    from .core.types import MessageOrChoice as MessageOrChoice
+    from .core.types import Messages as Messages
+    from .core.types import MessagesAndChoices as MessagesAndChoices
+    from .core.types import Tool as Tool
+    from .core.types import Tools as Tools
+    from .core.types import TrainConfig as TrainConfig
+    from .core.utils import iterate_dataset as iterate_dataset
+    from .core.utils import limit_concurrency as limit_concurrency
+    from .core.utils import retry as retry
+    from .integrations.capture import auto_trajectory as auto_trajectory
+    from .integrations.capture import capture_auto_trajectory as capture_auto_trajectory
+    from .integrations.capture import capture_yielded_trajectory as capture_yielded_trajectory
+    from .integrations.capture import yield_trajectory as yield_trajectory

@@ -1,0 +1,74 @@
+"""The `Backend` protocol: what a model needs from wherever it is served and trained.
+
+`LocalBackend`, `ServerlessBackend` and `SkyPilotBackend` all implement it; client code
+only ever calls these methods, through the model, and never checks which backend it has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from . import dev
+from .trajectories import TrajectoryGroup
+from .types import TrainConfig
+
+if TYPE_CHECKING:
+    from .model import Model, TrainableModel
+
+
+class InferenceEndpoint(BaseModel):
+    """Where a registered model answers OpenAI-compatible chat completions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    base_url: str
+    api_key: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    async def register(self, model: Model) -> InferenceEndpoint | None:
+        """Set up storage (and, for a trainable model, serving) for `model`.
+
+        Returns the endpoint the model is served at, or None where this backend does
+        not serve it (a plain `art.Model` keeps the endpoint it was given).
+        """
+        ...
+
+    async def get_step(self, model: Model) -> int:
+        """The model's current training step: its latest checkpoint, 0 before training."""
+        ...
+
+    async def log(
+        self,
+        model: Model,
+        groups: list[TrajectoryGroup],
+        *,
+        split: str,
+        step: int,
+        metrics: dict[str, float],
+    ) -> None:
+        """Store checked `groups` (possibly none) and one history row of `metrics`."""
+        ...
+
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        *,
+        config: TrainConfig,
+        dev_config: dev.TrainConfig,
+        verbose: bool,
+    ) -> None:
+        """Take one training step on checked `groups` and serve the new checkpoint."""
+        ...
+
+    async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
+        """Delete all checkpoints but the latest and the best; return the deleted steps."""
+        ...
+
+    async def close(self) -> None:
+        """Release whatever the backend holds (processes, servers, files)."""
+        ...

@@ -1,0 +1,146 @@
+"""Advanced configuration: GRPO knobs and how a model is loaded, served and trained.
+
+Every class is frozen and rejects unknown fields, so a typo is an error at the line
+that made it rather than a setting silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrainConfig(_Config):
+    """The GRPO objective of a training step (`model.train(..., _config=...)`)."""
+
+    scale_rewards: bool = Field(
+        default=True,
+        description="Divide each group's advantages by the group's reward standard deviation.",
+    )
+    ppo: bool = Field(
+        default=False,
+        description="Use PPO's clipped objective; the default is CISPO's clipped importance "
+        "weight times the log-probability (arXiv:2506.13585).",
+    )
+    epsilon: float = Field(
+        default=0.2, gt=0, description="Lower clip range of the importance ratio (1 - epsilon)."
+    )
+    epsilon_high: float | None = Field(
+        default=None,
+        gt=0,
+        description="Upper clip range (1 + epsilon_high); None uses `epsilon` (DAPO's "
+        "clip-higher when larger, arXiv:2503.14476).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="Importance ratio per token, or one per sequence as in GSPO "
+        "(arXiv:2507.18071).",
+    )
+    allow_training_without_logprobs: bool = Field(
+        default=False,
+        description="Also train assistant turns given as plain dicts (re-encoded, with no "
+        "sampler logprobs, so the ratio is taken against the current policy).",
+    )
+    max_grad_norm: float = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm to this value."
+    )
+    gradient_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sequences per forward/backward pass; None picks from the backend's "
+        "memory settings. The optimizer still takes one step per `model.train` call.",
+    )
+
+
+class InitArgs(_Config):
+    """How the base model is loaded."""
+
+    max_seq_length: int = Field(default=8192, ge=16, description="Longest sequence trained.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weight dtype; auto picks bf16 where supported, else fp32."
+    )
+    load_in_4bit: bool = Field(default=False, description="QLoRA-style 4-bit base (CUDA only).")
+
+
+class EngineArgs(_Config):
+    """How the inference engine serves the model."""
+
+    max_num_seqs: int = Field(default=32, ge=1, description="Most sequences decoded together.")
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="Share of GPU memory vLLM may take."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Longest prompt plus completion served."
+    )
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs in vLLM.")
+
+
+class PeftArgs(_Config):
+    """The LoRA adapter that training updates."""
+
+    r: int = Field(default=8, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(default=16, ge=1, description="LoRA scaling numerator.")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on LoRA inputs.")
+    target_modules: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        description="Module names that get adapters.",
+    )
+
+
+class TrainerArgs(_Config):
+    """Optimizer settings of the trainer."""
+
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.99, ge=0, lt=1)
+    seed: int = Field(default=0, description="Seed of the trainer's RNG.")
+
+
+class InternalModelConfig(_Config):
+    """How a `TrainableModel` is loaded, served and trained (`_internal_config=...`)."""
+
+    engine: Literal["transformers", "vllm"] | None = Field(
+        default=None, description="Inference engine; None picks vLLM on CUDA, else transformers."
+    )
+    trainer: Literal["peft", "unsloth"] | None = Field(
+        default=None, description="Trainer; None picks Unsloth where installed on CUDA, else PEFT."
+    )
+    init_args: InitArgs = Field(default_factory=InitArgs)
+    engine_args: EngineArgs = Field(default_factory=EngineArgs)
+    peft_args: PeftArgs = Field(default_factory=PeftArgs)
+    trainer_args: TrainerArgs = Field(default_factory=TrainerArgs)
+    trainer_gpu_ids: list[int] | None = Field(
+        default=None, description="GPUs for training in dedicated mode."
+    )
+    inference_gpu_ids: list[int] | None = Field(
+        default=None, description="GPUs for inference in dedicated mode."
+    )
+
+    @model_validator(mode="after")
+    def _check_gpu_split(self) -> Self:
+        trainer, inference = self.trainer_gpu_ids, self.inference_gpu_ids
+        if (trainer is None) != (inference is None):
+            raise ValueError(
+                "trainer_gpu_ids and inference_gpu_ids: set both (dedicated mode) or neither"
+            )
+        if trainer is not None and inference is not None and set(trainer) & set(inference):
+            raise ValueError(
+                "trainer_gpu_ids and inference_gpu_ids overlap; dedicated mode needs "
+                "separate GPUs for training and inference"
+            )
+        return self
+
+
+__all__ = [
+    "EngineArgs",
+    "InitArgs",
+    "InternalModelConfig",
+    "PeftArgs",
+    "TrainConfig",
+    "TrainerArgs",
+]

@@ -1,0 +1,79 @@
+"""The exceptions `art` raises, one tree so callers can catch as broadly as they like.
+
+    ArtError
+    ├── ArtValueError (also a ValueError)        bad input: names the field and the fix
+    │   ├── TrajectoryValidationError            a trajectory or group that cannot be logged or trained
+    │   └── ConfigError                          a model, backend or training config that is wrong
+    ├── ModelNotRegisteredError                  a model used before `await model.register(backend)`
+    ├── NotBuiltError (also a NotImplementedError) a capability this version does not have yet
+    ├── RolloutError                             a rollout that failed in a way `art` itself detected
+    ├── JudgeError                               an LLM judge (RULER) that answered unusably
+    ├── BackendError                             a backend that failed or cannot be reached
+    └── TrainingError                            a training step that failed
+
+Each error carries the context it is about (a field path, a model name, a step) as
+attributes, and its message says what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ArtError(Exception):
+    """Base class of every error `art` raises on purpose."""
+
+
+class ArtValueError(ArtError, ValueError):
+    """Bad input. `field` is the dotted path of the offending value."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}: {problem}. {fix}")
+
+
+class TrajectoryValidationError(ArtValueError):
+    """A trajectory or trajectory group that cannot be logged or trained as it is."""
+
+
+class ConfigError(ArtValueError):
+    """A model, backend or training configuration that is wrong."""
+
+
+class ModelNotRegisteredError(ArtError):
+    """A model was used before `await model.register(backend)`."""
+
+    def __init__(self, model_name: str, action: str) -> None:
+        self.model_name = model_name
+        super().__init__(
+            f"model {model_name!r} is not registered, so it cannot {action}. "
+            "Call `await model.register(backend)` first."
+        )
+
+
+class NotBuiltError(ArtError, NotImplementedError):
+    """A public name whose capability this version of `art` does not have yet."""
+
+    def __init__(self, name: str, missing: str) -> None:
+        self.name = name
+        super().__init__(f"{name} is not available yet: {missing}")
+
+
+class RolloutError(ArtError):
+    """A rollout failed in a way `art` detected (not an error raised by user code)."""
+
+
+class JudgeError(ArtError):
+    """An LLM judge answered with something that cannot be used as scores."""
+
+
+class BackendError(ArtError):
+    """A backend failed, or could not be reached."""
+
+
+class TrainingError(ArtError):
+    """A training step failed. `step` is the step that was being trained."""
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        self.step = step
+        super().__init__(message)

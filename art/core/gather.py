@@ -1,0 +1,306 @@
+"""Run many rollouts concurrently, with a progress bar and an exception budget.
+
+`max_exceptions` is the number of rollouts that may raise before the whole gather
+fails: an int is a count, a float in (0, 1) a fraction of all rollouts in the gather.
+A rollout that raises within the budget is kept as data in its group's `exceptions`
+and counted in the `exception_rate` that `model.log` and `model.train` record. Only
+`Exception`s are caught: cancellation and Ctrl-C stop the gather as they should.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, overload
+
+from openai.types.chat.chat_completion import Choice
+from tqdm.auto import tqdm
+
+from .errors import ConfigError, TrajectoryValidationError
+from .trajectories import (
+    PendingTrajectoryGroup,
+    PydanticException,
+    Trajectory,
+    TrajectoryGroup,
+)
+
+AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | list[TrajectoryGroup] | None]]
+T = TypeVar("T")
+
+
+@dataclass
+class _Progress:
+    """Running totals of one gather, shared by all its rollouts."""
+
+    total: int
+    max_exceptions: int | float
+    bar: tqdm[Any] | None = None
+    trajectories: int = 0
+    exceptions: int = 0
+    reward_sum: float = 0.0
+    completion_tokens: int = 0
+    counts_tokens: bool = True
+    metric_sums: dict[str, float] = field(default_factory=dict)
+
+    def add_trajectory(self, trajectory: Trajectory) -> None:
+        self.trajectories += 1
+        self.reward_sum += trajectory.reward
+        self.completion_tokens += completion_tokens(trajectory)
+        self._refresh(advance=1)
+
+    def add_exception(self, error: BaseException) -> None:
+        """Count a failed rollout; re-raise it once the budget is spent."""
+        self.exceptions += 1
+        self._refresh(advance=1)
+        if self.over_budget():
+            error.add_note(
+                f"art: {self.exceptions} of {self.total} rollouts raised, more than "
+                f"max_exceptions={self.max_exceptions} allows; raise max_exceptions to keep "
+                "failed rollouts as data instead"
+            )
+            raise error
+
+    def over_budget(self) -> bool:
+        if isinstance(self.max_exceptions, float) and self.max_exceptions < 1:
+            return self.exceptions > math.floor(self.max_exceptions * self.total)
+        return self.exceptions > self.max_exceptions
+
+    def _refresh(self, advance: int) -> None:
+        if self.bar is None:
+            return
+        postfix: dict[str, Any] = {}
+        if self.trajectories:
+            postfix["reward"] = f"{self.reward_sum / self.trajectories:.3f}"
+        if self.exceptions:
+            postfix["exceptions"] = self.exceptions
+        if self.counts_tokens and self.completion_tokens:
+            postfix["completion_tokens"] = self.completion_tokens
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(advance)
+
+
+_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
+    "art_gather_progress", default=None
+)
+
+
+def completion_tokens(trajectory: Trajectory) -> int:
+    """Tokens the model sampled in this trajectory, where the choices say."""
+    total = 0
+    histories = [trajectory.messages_and_choices] + [
+        history.messages_and_choices for history in trajectory.additional_histories
+    ]
+    for items in histories:
+        for item in items:
+            if not isinstance(item, Choice):
+                continue
+            token_ids = (item.model_extra or {}).get("token_ids")
+            if isinstance(token_ids, list):
+                total += len(token_ids)
+            elif item.logprobs is not None and item.logprobs.content is not None:
+                total += len(item.logprobs.content)
+    return total
+
+
+async def _run_all(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run coroutines concurrently in order; on the first error cancel the rest and re-raise it.
+
+    Unlike `asyncio.TaskGroup`, the caller gets the original exception, not an
+    ExceptionGroup, which is what rollout code written for ART expects.
+    """
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
+    """Await every rollout of a group; failures become the group's `exceptions`."""
+    progress = _progress.get()
+    outcomes: list[Trajectory | BaseException | None] = [None] * len(pending.items)
+
+    async def run_one(index: int, rollout: Awaitable[Any]) -> None:
+        try:
+            result = await rollout
+            if not isinstance(result, Trajectory):
+                raise TrajectoryValidationError(
+                    "rollout result",
+                    f"expected an art.Trajectory, got {type(result).__name__}",
+                    "Make the rollout function return the Trajectory it built",
+                )
+        except Exception as error:
+            outcomes[index] = error
+            if progress is not None:
+                progress.add_exception(error)
+            return
+        outcomes[index] = result
+        if progress is not None:
+            progress.add_trajectory(result)
+
+    await _run_all([_as_coroutine(run_one(i, item)) for i, item in enumerate(pending.items)])
+    return TrajectoryGroup(
+        [outcome for outcome in outcomes if outcome is not None],
+        exceptions=pending.exceptions,
+        metadata=pending.metadata,
+    )
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _check_max_exceptions(max_exceptions: int | float) -> None:
+    if (
+        isinstance(max_exceptions, bool)
+        or not isinstance(max_exceptions, int | float)
+        or not max_exceptions >= 0
+        or (
+            isinstance(max_exceptions, float)
+            and max_exceptions >= 1
+            and not max_exceptions.is_integer()
+        )
+    ):
+        raise ConfigError(
+            "max_exceptions",
+            f"got {max_exceptions!r}",
+            "Pass a count (an int >= 0) or a fraction of all rollouts (a float in (0, 1))",
+        )
+
+
+def _rollout_count(group: object) -> int:
+    if isinstance(group, PendingTrajectoryGroup):
+        return len(group)
+    if isinstance(group, TrajectoryGroup):
+        return len(group.trajectories) + len(group.exceptions)
+    return 1
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[Awaitable[TrajectoryGroup] | TrajectoryGroup],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = True,
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+) -> list[TrajectoryGroup]:
+    """Run every group's rollouts concurrently and return the finished groups in order.
+
+    Args:
+        groups: `art.TrajectoryGroup(rollout(...) for _ in range(n))` per scenario.
+        pbar_desc: progress bar label; None shows no bar.
+        pbar_total_completion_tokens: show the running count of sampled tokens.
+        max_exceptions: how many rollouts may raise (an int count, or a float fraction
+            of all rollouts) before the gather raises the last one.
+        after_each: awaited with each finished group; returns the group (or a new one,
+            or a list of groups) to keep, or None to drop it. Runs while other groups
+            are still rolling out, so scoring overlaps generation.
+    """
+    _check_max_exceptions(max_exceptions)
+    pending = list(groups)
+    progress = _Progress(
+        total=sum(_rollout_count(group) for group in pending),
+        max_exceptions=max_exceptions,
+        counts_tokens=pbar_total_completion_tokens,
+    )
+    if pbar_desc is not None:
+        progress.bar = tqdm(total=progress.total, desc=pbar_desc, unit="rollout")
+
+    async def finish(group: Awaitable[TrajectoryGroup] | TrajectoryGroup) -> list[TrajectoryGroup]:
+        if isinstance(group, TrajectoryGroup):
+            done = group
+            for trajectory in done.trajectories:
+                progress.add_trajectory(trajectory)
+            for record in done.exceptions:
+                progress.add_exception(_RecordedException(record))
+        else:
+            done = await group
+        if after_each is None:
+            return [done]
+        kept = await after_each(done)
+        if kept is None:
+            return []
+        return kept if isinstance(kept, list) else [kept]
+
+    token = _progress.set(progress)
+    try:
+        results = await _run_all([finish(group) for group in pending])
+    except BaseException:
+        for group in pending:
+            if isinstance(group, PendingTrajectoryGroup):
+                group.close()
+        raise
+    finally:
+        _progress.reset(token)
+        if progress.bar is not None:
+            progress.bar.close()
+    return [group for kept in results for group in kept]
+
+
+class _RecordedException(Exception):
+    """An exception that an already-built group carried in, re-raised by type and message."""
+
+    def __init__(self, record: PydanticException) -> None:
+        super().__init__(f"{record.type}: {record.message}")
+
+
+@overload
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory]],
+    *,
+    pbar_desc: str | None = ...,
+    pbar_total_completion_tokens: bool = ...,
+    max_exceptions: Literal[0] = ...,
+) -> list[Trajectory]: ...
+
+
+@overload
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory]],
+    *,
+    pbar_desc: str | None = ...,
+    pbar_total_completion_tokens: bool = ...,
+    max_exceptions: int | float,
+) -> list[Trajectory | BaseException]: ...
+
+
+async def gather_trajectories(
+    trajectories: Iterable[Awaitable[Trajectory]],
+    *,
+    pbar_desc: str | None = "gather",
+    pbar_total_completion_tokens: bool = True,
+    max_exceptions: int | float = 0,
+) -> list[Trajectory] | list[Trajectory | BaseException]:
+    """Run rollouts concurrently; failures within `max_exceptions` stay in place as exceptions."""
+    _check_max_exceptions(max_exceptions)
+    rollouts = list(trajectories)
+    progress = _Progress(
+        total=len(rollouts),
+        max_exceptions=max_exceptions,
+        counts_tokens=pbar_total_completion_tokens,
+    )
+    if pbar_desc is not None:
+        progress.bar = tqdm(total=progress.total, desc=pbar_desc, unit="rollout")
+
+    async def run_one(rollout: Awaitable[Trajectory]) -> Trajectory | BaseException:
+        try:
+            result = await rollout
+        except Exception as error:
+            progress.add_exception(error)
+            return error
+        progress.add_trajectory(result)
+        return result
+
+    try:
+        return await _run_all([run_one(rollout) for rollout in rollouts])
+    finally:
+        if progress.bar is not None:
+            progress.bar.close()
+
+
+__all__ = ["AfterEach", "completion_tokens", "gather_trajectories", "gather_trajectory_groups"]

@@ -1,0 +1,53 @@
+"""The metrics `model.log` and `model.train` record for a batch of trajectory groups.
+
+reward              mean reward over all trajectories
+reward_std_dev      mean over groups of the reward's standard deviation within the group
+                    (0 means GRPO has nothing to learn from)
+exception_rate      rollouts that raised / all rollouts
+num_groups          groups in the batch
+num_trajectories    trajectories that finished
+num_exceptions      rollouts that raised
+trainable_groups    groups whose rewards differ, the only ones a GRPO step learns from
+completion_tokens   mean sampled tokens per trajectory, where choices report them
+<metric>            mean of each trajectory metric, over the trajectories that have it
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from .gather import completion_tokens
+from .trajectories import TrajectoryGroup
+
+
+def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    rewards = [trajectory.reward for group in groups for trajectory in group.trajectories]
+    num_exceptions = sum(len(group.exceptions) for group in groups)
+    rollouts = len(rewards) + num_exceptions
+    group_stds = [
+        statistics.pstdev(trajectory.reward for trajectory in group.trajectories)
+        for group in groups
+        if group.trajectories
+    ]
+    metrics: dict[str, float] = {
+        "num_groups": len(groups),
+        "num_trajectories": len(rewards),
+        "num_exceptions": num_exceptions,
+        "exception_rate": num_exceptions / rollouts if rollouts else 0.0,
+        "trainable_groups": sum(1 for std in group_stds if std > 0),
+    }
+    if rewards:
+        metrics["reward"] = statistics.fmean(rewards)
+        metrics["reward_std_dev"] = statistics.fmean(group_stds)
+        tokens = [completion_tokens(t) for group in groups for t in group.trajectories]
+        if any(tokens):
+            metrics["completion_tokens"] = statistics.fmean(tokens)
+    sums: dict[str, list[float]] = defaultdict(list)
+    for group in groups:
+        for trajectory in group.trajectories:
+            for key, value in trajectory.metrics.items():
+                sums[key].append(float(value))
+    for key, values in sums.items():
+        metrics.setdefault(key, statistics.fmean(values))
+    return metrics

@@ -1,0 +1,268 @@
+"""`Model` (served elsewhere) and `TrainableModel` (served and trained by a backend)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+
+from . import dev
+from .backend import Backend, InferenceEndpoint
+from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
+from .metrics import group_metrics
+from .storage import check_split
+from .trajectories import Trajectory, TrajectoryGroup
+from .types import TrainConfig
+from .validation import coerce_groups
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+# Names become directory names, and '@' separates a model from a step in inference names.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+class Model(BaseModel):
+    """A model served elsewhere (an API model, or one you host), for rollouts and logging.
+
+    Register it with a backend to log its trajectories next to a trained model's, to
+    compare them.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str
+    project: str
+    entity: str | None = None
+    id: str | None = None
+    config: Any = None
+    trainable: bool = False
+    inference_api_key: str | None = None
+    inference_base_url: str | None = None
+    inference_model_name: str | None = None
+
+    _backend: Backend | None = PrivateAttr(default=None)
+    _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _check_name(cls, value: str, info: Any) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{info.field_name} {value!r} is not a valid name. {_NAME_FIX}")
+        return value
+
+    # --- wiring ----------------------------------------------------------------------
+
+    async def register(self, backend: Backend) -> None:
+        """Bind this model to `backend`, which stores its logs (and, if trainable, serves it)."""
+        if not isinstance(backend, Backend):
+            raise ConfigError(
+                "backend",
+                f"{type(backend).__name__} is not an art backend",
+                "Pass a LocalBackend, ServerlessBackend or SkyPilotBackend",
+            )
+        try:
+            json.dumps(self.config)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(
+                "config",
+                f"cannot be stored as JSON ({error})",
+                "Use a dict of plain values, or a pydantic model's `.model_dump()`",
+            ) from error
+        endpoint = await backend.register(self)
+        self._backend = backend
+        if endpoint is not None:
+            self._use_endpoint(endpoint)
+
+    def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
+        self.inference_base_url = endpoint.base_url
+        self.inference_api_key = endpoint.api_key
+        self._openai_client = None
+
+    def backend(self) -> Backend:
+        """The backend this model is registered with."""
+        if self._backend is None:
+            raise ModelNotRegisteredError(self.name, "use a backend")
+        return self._backend
+
+    def openai_client(self) -> AsyncOpenAI:
+        """An `AsyncOpenAI` client for this model's endpoint (one per model, reused)."""
+        if self._openai_client is not None:
+            return self._openai_client
+        if self.inference_base_url is None:
+            if self.trainable and self._backend is None:
+                raise ModelNotRegisteredError(self.name, "give an OpenAI client")
+            if self.trainable:
+                raise NotBuiltError(
+                    f"{type(self._backend).__name__} inference",
+                    "this backend stores the model's logs but does not serve it yet",
+                )
+            raise ConfigError(
+                "inference_base_url",
+                f"model {self.name!r} has no inference endpoint",
+                "Pass inference_base_url and inference_api_key to art.Model",
+            )
+        from openai import AsyncOpenAI
+
+        self._openai_client = AsyncOpenAI(
+            base_url=self.inference_base_url,
+            api_key=self.inference_api_key or "none",
+            timeout=1200.0,  # a long rollout turn on a busy CPU engine is not a failure
+        )
+        return self._openai_client
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The `model` value for chat completions: the latest checkpoint, or `name@step`."""
+        base = self.inference_model_name or self.name
+        return base if step is None else f"{base}@{step}"
+
+    def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for `litellm.acompletion` that reach this model."""
+        name = self.get_inference_name(step)
+        params: dict[str, Any] = {
+            # The endpoint speaks the OpenAI API, so LiteLLM's openai provider reaches it.
+            "model": f"openai/{name}" if self.trainable else name,
+            "base_url": self.inference_base_url,
+            "api_key": self.inference_api_key,
+        }
+        if self.trainable:
+            params["temperature"] = 1.0  # sample as in training, so logprobs match the policy
+        return params
+
+    # --- steps and logging ----------------------------------------------------------------
+
+    async def get_step(self) -> int:
+        """The current training step (0 for a model that is not trained here)."""
+        if self._backend is None:
+            if self.trainable:
+                raise ModelNotRegisteredError(self.name, "report its step")
+            return 0
+        return await self._backend.get_step(self)
+
+    async def log(
+        self,
+        trajectories: Iterable[TrajectoryGroup | Trajectory | BaseException] | None = None,
+        split: str = "val",
+        *,
+        metrics: dict[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Store trajectories (and/or extra metrics) under `split` for the current step.
+
+        The Parquet file of the step holds every message, tool call, reward and metric;
+        `history.jsonl` gets one row of `split/`-prefixed averages, `exception_rate`
+        included.
+        """
+        backend = self._registered_backend("log trajectories")
+        split = check_split(split)
+        groups = [] if trajectories is None else coerce_groups(trajectories, "trajectories")
+        if not groups and not metrics:
+            raise ConfigError(
+                "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
+            )
+        row = group_metrics(groups) if groups else {}
+        for key, value in (metrics or {}).items():
+            row[key] = value
+        step = await self.get_step() if step is None else step
+        await backend.log(
+            self,
+            groups,
+            split=split,
+            step=step,
+            metrics={f"{split}/{key}": value for key, value in row.items()},
+        )
+
+    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+        """Delete every checkpoint but the latest and the one best on the given history metric."""
+        backend = self._registered_backend("delete checkpoints")
+        return await backend.delete_checkpoints(self, best_checkpoint_metric=best_checkpoint_metric)
+
+    def _registered_backend(self, action: str) -> Backend:
+        if self._backend is None:
+            raise ModelNotRegisteredError(self.name, action)
+        return self._backend
+
+
+class TrainableModel(Model):
+    """A model a backend serves and trains with GRPO on LoRA adapters.
+
+    `base_model` is a Hugging Face model id, a local model directory, or a local LoRA
+    adapter directory to start training from.
+    """
+
+    trainable: bool = True
+    base_model: str
+
+    _internal_config: dev.InternalModelConfig = PrivateAttr(default_factory=dev.InternalModelConfig)
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        project: str,
+        base_model: str,
+        entity: str | None = None,
+        id: str | None = None,
+        config: Any = None,
+        _internal_config: dev.InternalModelConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # BaseModel's own __init__: the generated signature of Model has no base_model.
+        BaseModel.__init__(
+            self,
+            name=name,
+            project=project,
+            base_model=base_model,
+            entity=entity,
+            id=id,
+            config=config,
+            **kwargs,
+        )
+        if _internal_config is not None:
+            if not isinstance(_internal_config, dev.InternalModelConfig):
+                raise ConfigError(
+                    "_internal_config",
+                    f"expected art.dev.InternalModelConfig, got {type(_internal_config).__name__}",
+                    "Build it as art.dev.InternalModelConfig(...)",
+                )
+            self._internal_config = _internal_config
+
+    @field_validator("base_model")
+    @classmethod
+    def _check_base_model(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("base_model is empty; name a model such as 'Qwen/Qwen2.5-7B-Instruct'")
+        return value
+
+    @property
+    def internal_config(self) -> dev.InternalModelConfig:
+        return self._internal_config
+
+    async def train(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        _config: dev.TrainConfig | None = None,
+        verbose: bool = False,
+    ) -> None:
+        """Take one GRPO step on `trajectory_groups`; the next rollouts use the new weights.
+
+        Groups whose rewards are all equal teach nothing and are skipped, but the step
+        still advances.
+        """
+        backend = self._registered_backend("train")
+        groups = coerce_groups(trajectory_groups, "trajectory_groups")
+        await backend.train(
+            self,
+            groups,
+            config=config or TrainConfig(),
+            dev_config=_config or dev.TrainConfig(),
+            verbose=verbose,
+        )
+
+
+__all__ = ["Model", "TrainableModel"]

@@ -1,0 +1,223 @@
+"""The on-disk layout every backend uses: `<path>/<project>/models/<name>/`.
+
+    model.json                               the model's registration
+    history.jsonl                            one metrics row per log/train call
+    trajectories/{split}/{step:04d}.parquet  every logged trajectory, lossless
+    checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
+
+Every write goes to a temporary file in the same directory and is renamed into place,
+so a crash leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .trajectories import TrajectoryGroup
+
+_STEP_DIR = re.compile(r"^\d{4,}$")
+_SPLIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+@contextmanager
+def atomic_path(target: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `target`; rename it onto `target` if the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(target: Path, text: str) -> None:
+    with atomic_path(target) as tmp, tmp.open("w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
+    """Build a directory with `fill(tmp_dir)` and rename it onto `target` in one step."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        fill(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_split(split: str) -> str:
+    if not isinstance(split, str) or not _SPLIT.match(split):
+        raise ConfigError(
+            "split",
+            f"{split!r} cannot be used as a directory name",
+            "Use letters, digits, '_' or '-', such as 'train' or 'val'",
+        )
+    return split
+
+
+class ModelStore:
+    """Files of one model. Backends read and write a model only through this."""
+
+    def __init__(self, base_path: str | os.PathLike[str], project: str, name: str) -> None:
+        self.dir = Path(base_path) / project / "models" / name
+
+    # --- registration -------------------------------------------------------------------
+
+    @property
+    def model_json(self) -> Path:
+        return self.dir / "model.json"
+
+    def read_model(self) -> dict[str, Any] | None:
+        if not self.model_json.exists():
+            return None
+        loaded: dict[str, Any] = json.loads(self.model_json.read_text(encoding="utf-8"))
+        return loaded
+
+    def write_model(self, data: Mapping[str, Any]) -> None:
+        write_text_atomic(self.model_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    # --- steps and checkpoints ------------------------------------------------------------
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoints_dir / f"{step:04d}"
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps with a complete checkpoint, ascending. Temporary directories are ignored."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        return sorted(
+            int(entry.name)
+            for entry in self.checkpoints_dir.iterdir()
+            if entry.is_dir() and _STEP_DIR.match(entry.name)
+        )
+
+    def step(self) -> int:
+        """The current step: the highest checkpoint, or 0 before any training."""
+        steps = self.checkpoint_steps()
+        return steps[-1] if steps else 0
+
+    def delete_checkpoints(self, keep: set[int]) -> list[int]:
+        """Delete every checkpoint whose step is not in `keep`; return the deleted steps."""
+        deleted = [step for step in self.checkpoint_steps() if step not in keep]
+        for step in deleted:
+            target = self.checkpoint_dir(step)
+            doomed = target.with_name(f".{target.name}.deleting")
+            os.replace(target, doomed)  # gone from view at once, even if rmtree is interrupted
+            shutil.rmtree(doomed)
+        return deleted
+
+    def delete_checkpoints_but_best(self, metric: str) -> list[int]:
+        """Keep the latest checkpoint and the one whose step scored best on `metric`."""
+        steps = self.checkpoint_steps()
+        if not steps:
+            return []
+        scores = {
+            row["step"]: row[metric]
+            for row in self.read_history()
+            if isinstance(row.get(metric), int | float) and row.get("step") in steps
+        }
+        if not scores:
+            known = sorted(
+                {key for row in self.read_history() for key in row} - {"step", "recorded_at"}
+            )
+            raise ConfigError(
+                "best_checkpoint_metric",
+                f"no checkpoint has {metric!r} in {self.history_path}",
+                "Log a split at each checkpoint (e.g. `await model.log(val_groups)`) or name "
+                f"a recorded metric: {', '.join(known) or 'none recorded yet'}",
+            )
+        best = max(scores, key=lambda step: (scores[step], step))
+        return self.delete_checkpoints(keep={steps[-1], best})
+
+    # --- metrics history --------------------------------------------------------------------
+
+    @property
+    def history_path(self) -> Path:
+        return self.dir / "history.jsonl"
+
+    def read_history(self) -> list[dict[str, Any]]:
+        if not self.history_path.exists():
+            return []
+        rows = []
+        for line in self.history_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+        return rows
+
+    def append_history(
+        self, step: int, metrics: Mapping[str, float | int | bool]
+    ) -> dict[str, Any]:
+        """Add one row; the file is rewritten whole and renamed, so a crash loses no rows."""
+        row: dict[str, Any] = {
+            "step": step,
+            "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        }
+        for key, value in metrics.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                continue  # JSON has no NaN; an undefined metric is left out
+            row[key] = value
+        existing = (
+            self.history_path.read_text(encoding="utf-8") if self.history_path.exists() else ""
+        )
+        if existing and not existing.endswith("\n"):
+            existing += "\n"
+        write_text_atomic(self.history_path, existing + json.dumps(row) + "\n")
+        return row
+
+    # --- trajectories -------------------------------------------------------------------
+
+    def trajectories_path(self, split: str, step: int) -> Path:
+        return self.dir / "trajectories" / check_split(split) / f"{step:04d}.parquet"
+
+    def write_trajectories(self, split: str, step: int, groups: list[TrajectoryGroup]) -> Path:
+        """Store groups in the step's Parquet file, after any groups already logged there."""
+        from . import parquet
+
+        path = self.trajectories_path(split, step)
+        existing = parquet.read_groups(path) if path.exists() else []
+        with atomic_path(path) as tmp:
+            parquet.write_groups(tmp, existing + groups, split=split, step=step)
+        return path
+
+    def read_trajectories(self, split: str, step: int) -> list[TrajectoryGroup]:
+        from . import parquet
+
+        path = self.trajectories_path(split, step)
+        return parquet.read_groups(path) if path.exists() else []
+
+
+__all__ = [
+    "ModelStore",
+    "atomic_path",
+    "check_split",
+    "replace_dir_atomic",
+    "write_text_atomic",
+]

@@ -1,0 +1,455 @@
+"""The trajectory model: what one rollout did, and how well.
+
+A `Trajectory` is plain data. Its `messages_and_choices` mixes message dicts (context
+the model was given) with OpenAI `Choice` objects (what the model sampled, with token
+ids and logprobs); only the choices are trained on. A `TrajectoryGroup` holds the
+rollouts of one scenario, which GRPO compares with each other, and records the
+rollouts that raised as data rather than losing them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeAlias, overload
+
+from openai.types.chat import ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    SerializationInfo,
+    field_validator,
+)
+
+from .errors import TrajectoryValidationError
+from .types import Message, MessageOrChoice, Messages, Tool
+
+MetadataValue: TypeAlias = float | int | str | bool | None
+MetricValue: TypeAlias = float | int | bool
+
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_ROLES_NEEDING_CONTENT = ("system", "developer", "user", "tool")
+
+
+# --- validation -------------------------------------------------------------------------
+# Written by hand rather than left to pydantic's union validation of the OpenAI TypedDicts:
+# that validation drops unknown keys, turns `tool_calls` into a one-shot iterator, and
+# reports a missing role as a wall of union errors instead of one sentence.
+
+
+def check_message_or_choice(value: object, where: str) -> dict[str, Any] | Choice:
+    """Return `value` as a message dict or a `Choice`, or raise naming `where`."""
+    if isinstance(value, Choice):
+        return value
+    if isinstance(value, ChatCompletionMessage):
+        # `completion.choices[0].message` appended as is: keep it, as context.
+        return value.model_dump(exclude_none=True, exclude_defaults=True) | {"role": "assistant"}
+    if not isinstance(value, Mapping):
+        raise TrajectoryValidationError(
+            where,
+            f"expected a message dict or an OpenAI Choice, got {type(value).__name__}",
+            "Append `completion.choices[0]` for model output, or a dict such as "
+            "{'role': 'user', 'content': '...'}",
+        )
+    if (
+        "role" not in value
+        and "message" in value
+        and ("finish_reason" in value or "index" in value)
+    ):
+        return Choice.model_validate(dict(value))  # a Choice read back from JSON
+    role = value.get("role")
+    if role is None:
+        raise TrajectoryValidationError(
+            where,
+            "message has no 'role'",
+            f"Give every message a role, one of {', '.join(_ROLES)}",
+        )
+    if role not in _ROLES:
+        raise TrajectoryValidationError(
+            f"{where}.role", f"unknown role {role!r}", f"Use one of {', '.join(_ROLES)}"
+        )
+    if role in _ROLES_NEEDING_CONTENT and "content" not in value:
+        raise TrajectoryValidationError(
+            where, f"a {role!r} message has no 'content'", "Add a 'content' string"
+        )
+    if role == "tool" and "tool_call_id" not in value:
+        raise TrajectoryValidationError(
+            where,
+            "a 'tool' message has no 'tool_call_id'",
+            "Set it to the id of the assistant tool call it answers",
+        )
+    return dict(value)
+
+
+def check_tool(value: object, where: str) -> dict[str, Any]:
+    """Return `value` as an OpenAI tool schema dict, or raise naming `where`."""
+    if not isinstance(value, Mapping):
+        raise TrajectoryValidationError(
+            where, f"expected a tool schema dict, got {type(value).__name__}", _TOOL_FIX
+        )
+    function = value.get("function")
+    if value.get("type", "function") != "function" or not isinstance(function, Mapping):
+        raise TrajectoryValidationError(where, "not an OpenAI function tool", _TOOL_FIX)
+    if not isinstance(function.get("name"), str):
+        raise TrajectoryValidationError(f"{where}.function.name", "missing", _TOOL_FIX)
+    return dict(value)
+
+
+_TOOL_FIX = "Use {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
+
+
+def check_reward(value: object, where: str) -> float:
+    """Return `value` as a finite float, or raise naming `where`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TrajectoryValidationError(
+            where,
+            f"must be a number, got {type(value).__name__} {value!r}",
+            "Set it to a float, e.g. `float(score)` or `tensor.item()`",
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise TrajectoryValidationError(
+            where,
+            f"must be finite, got {reward}",
+            "Check the reward function for a division by zero or an empty mean",
+        )
+    return reward
+
+
+def check_metric(value: object, where: str) -> MetricValue:
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, numbers.Real):
+        raise TrajectoryValidationError(
+            where,
+            f"a metric must be a number or bool, got {type(value).__name__}",
+            "Put text in `metadata` or `logs` instead",
+        )
+    number = value if isinstance(value, int) else float(value)
+    if not math.isfinite(number):
+        raise TrajectoryValidationError(
+            where, f"must be finite, got {number}", "Leave the metric out when it is undefined"
+        )
+    return number
+
+
+def check_metadata_value(value: object, where: str) -> MetadataValue:
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TrajectoryValidationError(
+        where,
+        f"a {type(value).__name__} cannot be stored as metadata",
+        "Metadata values must be str, int, float, bool or None; "
+        "store structured data as `json.dumps(value)`",
+    )
+
+
+def check_str_keys(value: object, where: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise TrajectoryValidationError(
+            where, f"expected a dict, got {type(value).__name__}", "Pass a dict of str keys"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise TrajectoryValidationError(
+                f"{where}[{key!r}]", "keys must be strings", "Use str keys"
+            )
+    return value
+
+
+def _validate_message_or_choice(value: object) -> dict[str, Any] | Choice:
+    return check_message_or_choice(value, "message")
+
+
+def _serialize_message_or_choice(
+    value: dict[str, Any] | Choice, info: SerializationInfo
+) -> dict[str, Any]:
+    if isinstance(value, Choice):
+        return value.model_dump(mode=info.mode)
+    return value
+
+
+MessageOrChoiceField = Annotated[
+    MessageOrChoice,
+    PlainValidator(_validate_message_or_choice),
+    PlainSerializer(_serialize_message_or_choice),
+]
+ToolField = Annotated[Tool, PlainValidator(lambda value: check_tool(value, "tool"))]
+
+
+def choice_as_message(choice: Choice) -> Message:
+    """The assistant message a `Choice` stands for, tool calls included."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
+    if choice.message.tool_calls:
+        message["tool_calls"] = [call.model_dump() for call in choice.message.tool_calls]
+    return message  # type: ignore[return-value]
+
+
+def messages_of(messages_and_choices: Iterable[MessageOrChoice]) -> Messages:
+    """Messages ready to send to a chat endpoint: each `Choice` as its assistant message."""
+    return [
+        choice_as_message(item) if isinstance(item, Choice) else item
+        for item in messages_and_choices
+    ]
+
+
+class History(BaseModel):
+    """A second conversation inside one rollout (a sub-agent, a summarizer call)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    messages_and_choices: list[MessageOrChoiceField] = Field(default_factory=list)
+    tools: list[ToolField] | None = None
+
+    def messages(self) -> Messages:
+        return messages_of(self.messages_and_choices)
+
+
+class Trajectory(BaseModel):
+    """One rollout: the conversation, the tools the model had, its reward and metrics."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    messages_and_choices: list[MessageOrChoiceField] = Field(default_factory=list)
+    tools: list[ToolField] | None = None
+    additional_histories: list[History] = Field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+
+    _started_at: float = PrivateAttr(default_factory=time.monotonic)
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _check_reward(cls, value: object) -> float:
+        return check_reward(value, "reward")
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _check_metrics(cls, value: object) -> dict[str, MetricValue]:
+        items = check_str_keys(value, "metrics")
+        return {key: check_metric(v, f"metrics[{key!r}]") for key, v in items.items()}
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _check_metadata(cls, value: object) -> dict[str, MetadataValue]:
+        items = check_str_keys(value, "metadata")
+        return {key: check_metadata_value(v, f"metadata[{key!r}]") for key, v in items.items()}
+
+    def __eq__(self, other: object) -> bool:
+        # Fields only: the private start time says when an object was made, not what it holds.
+        return isinstance(other, Trajectory) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return (
+            f"Trajectory(reward={self.reward}, messages={len(self.messages_and_choices)}, "
+            f"metrics={self.metrics})"
+        )
+
+    def messages(self) -> Messages:
+        """The conversation as plain messages, each `Choice` as its assistant message."""
+        return messages_of(self.messages_and_choices)
+
+    def log(self, message: str) -> None:
+        """Keep a line of text with this trajectory (stored with it, shown in reports)."""
+        self.logs.append(message)
+
+    def finish(self) -> Trajectory:
+        """Record the seconds since this trajectory was created as `metrics['duration']`."""
+        self.metrics["duration"] = time.monotonic() - self._started_at
+        return self
+
+    @asynccontextmanager
+    async def track_duration(self, name: str) -> AsyncIterator[None]:
+        """Add the seconds spent inside the block to `metrics[f'{name}_duration']`."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            key = f"{name}_duration"
+            self.metrics[key] = float(self.metrics.get(key, 0.0)) + time.monotonic() - started
+
+
+class PydanticException(BaseModel):
+    """An exception a rollout raised, kept as data. (ART's name for it.)"""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> PydanticException:
+        return cls(
+            type=f"{type(error).__module__}.{type(error).__qualname__}",
+            message=str(error),
+            traceback="".join(traceback.format_exception(error)),
+        )
+
+
+class TrajectoryGroup(BaseModel):
+    """The rollouts of one scenario, compared with each other by GRPO.
+
+    Built from finished trajectories (and exceptions), it is a group at once. Built from
+    awaitables, such as calls of an async rollout function, it is an awaitable group
+    that `gather_trajectory_groups` runs; a rollout that raises is recorded in
+    `exceptions`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[PydanticException] = Field(default_factory=list)
+    metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+
+    # Python calls __init__ again on what __new__ returns, with the caller's (by then
+    # exhausted) iterable; this flag makes that second call a no-op.
+    _built: bool = PrivateAttr(default=False)
+
+    @overload
+    def __new__(
+        cls,
+        trajectories: Iterable[Trajectory | BaseException] = ...,
+        *,
+        exceptions: Iterable[BaseException | PydanticException] = ...,
+        metadata: Mapping[str, MetadataValue] | None = ...,
+    ) -> TrajectoryGroup: ...
+
+    @overload
+    def __new__(  # type: ignore[misc]  # awaitable until gathered, then a group
+        cls,
+        trajectories: Iterable[Awaitable[Trajectory]],
+        *,
+        exceptions: Iterable[BaseException | PydanticException] = ...,
+        metadata: Mapping[str, MetadataValue] | None = ...,
+    ) -> PendingTrajectoryGroup: ...
+
+    def __new__(  # type: ignore[misc]
+        cls,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[BaseException | PydanticException] = (),
+        metadata: Mapping[str, MetadataValue] | None = None,
+    ) -> TrajectoryGroup | PendingTrajectoryGroup:
+        items = list(trajectories)
+        extra_exceptions = list(exceptions)
+        if any(_is_awaitable(item) for item in items):
+            return PendingTrajectoryGroup(items, extra_exceptions, dict(metadata or {}))
+        group = super().__new__(cls)
+        group._build(items, extra_exceptions, metadata)
+        return group
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[BaseException | PydanticException] = (),
+        metadata: Mapping[str, MetadataValue] | None = None,
+    ) -> None:
+        if getattr(self, "__pydantic_private__", None) and self._built:
+            return
+        self._build(list(trajectories), list(exceptions), metadata)
+
+    def _build(
+        self,
+        items: list[Any],
+        exceptions: list[BaseException | PydanticException],
+        metadata: Mapping[str, MetadataValue] | None,
+    ) -> None:
+        trajectories: list[Trajectory] = []
+        records: list[PydanticException] = []
+        for index, item in enumerate(items):
+            if isinstance(item, Trajectory):
+                trajectories.append(item)
+            elif isinstance(item, Mapping):  # read back from JSON (pydantic calls cls(**data))
+                trajectories.append(Trajectory.model_validate(item))
+            elif isinstance(item, BaseException):
+                records.append(PydanticException.from_exception(item))
+            else:
+                raise TrajectoryValidationError(
+                    f"trajectories[{index}]",
+                    f"expected a Trajectory, got {type(item).__name__}",
+                    "Make the rollout function return an `art.Trajectory`",
+                )
+        for error in exceptions:
+            if isinstance(error, Mapping):
+                records.append(PydanticException.model_validate(error))
+            elif isinstance(error, PydanticException):
+                records.append(error)
+            else:
+                records.append(PydanticException.from_exception(error))
+        checked_metadata = {
+            key: check_metadata_value(value, f"metadata[{key!r}]")
+            for key, value in check_str_keys(metadata or {}, "metadata").items()
+        }
+        BaseModel.__init__(
+            self, trajectories=trajectories, exceptions=records, metadata=checked_metadata
+        )
+        self._built = True
+
+    def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __str__(self) -> str:
+        return f"TrajectoryGroup({len(self.trajectories)} trajectories, {len(self.exceptions)} exceptions)"
+
+
+def _is_awaitable(item: object) -> bool:
+    return hasattr(item, "__await__")
+
+
+class PendingTrajectoryGroup:
+    """A group whose rollouts have not run yet; awaiting it runs them concurrently."""
+
+    def __init__(
+        self,
+        items: list[Any],
+        exceptions: list[BaseException | PydanticException],
+        metadata: dict[str, MetadataValue],
+    ) -> None:
+        self.items = items
+        self.exceptions = exceptions
+        self.metadata = metadata
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
+        from .gather import run_pending_group
+
+        return run_pending_group(self).__await__()
+
+    def close(self) -> None:
+        """Close rollouts that will never be awaited, so Python does not warn about them."""
+        for item in self.items:
+            close = getattr(item, "close", None)
+            if callable(close):
+                close()
+
+
+__all__ = [
+    "History",
+    "MetadataValue",
+    "MetricValue",
+    "PendingTrajectoryGroup",
+    "PydanticException",
+    "Trajectory",
+    "TrajectoryGroup",
+    "messages_of",
+]

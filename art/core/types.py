@@ -1,0 +1,46 @@
+"""Message types and the user-facing training config.
+
+`Message` and `Tool` are the OpenAI SDK's own request types, so messages written for
+the OpenAI client type-check here unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
+from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
+from pydantic import BaseModel, ConfigDict, Field
+
+Message: TypeAlias = ChatCompletionMessageParam
+MessageOrChoice: TypeAlias = Message | Choice
+Messages: TypeAlias = list[Message]
+MessagesAndChoices: TypeAlias = list[MessageOrChoice]
+Tool: TypeAlias = ChatCompletionToolParam
+Tools: TypeAlias = list[Tool]
+
+
+class TrainConfig(BaseModel):
+    """Settings of one `model.train(...)` call."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: float = Field(default=5e-6, gt=0, description="Optimizer step size.")
+    beta: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of the KL penalty towards the base model; 0 turns it off.",
+    )
+
+
+__all__ = [
+    "Choice",
+    "Message",
+    "MessageOrChoice",
+    "Messages",
+    "MessagesAndChoices",
+    "Tool",
+    "Tools",
+    "TrainConfig",
+]

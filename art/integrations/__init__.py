@@ -1,0 +1,1 @@
+"""Thin adapters onto other libraries' own extension points (LangGraph, MCP, OpenAI clients)."""

@@ -1,0 +1,5 @@
+"""ART's `art.langgraph` import path."""
+
+from .integrations.langgraph import init_chat_model, wrap_rollout
+
+__all__ = ["init_chat_model", "wrap_rollout"]

@@ -1,0 +1,86 @@
+"""Shared fixtures. Everything here is real: files on disk, HTTP servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class _ChatServer(BaseHTTPRequestHandler):
+    """A minimal OpenAI-compatible chat endpoint standing in for an external model.
+
+    It answers every request by echoing the last user message, with logprobs, and calls
+    a tool when the request offers one, so the real OpenAI client parses real responses.
+    """
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        request = json.loads(self.rfile.read(length))
+        last_user = next(m for m in reversed(request["messages"]) if m["role"] == "user")
+        text = f"echo: {last_user['content']}"
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if request.get("tools"):
+            name = request["tools"][0]["function"]["name"]
+            message["tool_calls"] = [
+                {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+            ]
+        tokens = text.split()
+        body = {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": 0,
+            "model": request["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls" if "tool_calls" in message else "stop",
+                    "message": message,
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": t,
+                                "logprob": -0.1,
+                                "bytes": list(t.encode()),
+                                "top_logprobs": [],
+                            }
+                            for t in tokens
+                        ]
+                    },
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 3,
+                "completion_tokens": len(tokens),
+                "total_tokens": 3 + len(tokens),
+            },
+        }
+        payload = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def chat_server_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def art_path(tmp_path: Path) -> Path:
+    return tmp_path / ".art"

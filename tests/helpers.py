@@ -1,0 +1,63 @@
+"""Builders of realistic trajectories for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai.types.chat.chat_completion import Choice
+
+import art
+
+
+def sampled_choice(text: str, *, tool_call: dict[str, Any] | None = None) -> Choice:
+    """A Choice as a chat endpoint returns it, with per-token logprobs."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_call is not None:
+        message["tool_calls"] = [tool_call]
+    tokens = text.split() or [""]
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "tool_calls" if tool_call else "stop",
+            "message": message,
+            "logprobs": {
+                "content": [
+                    {"token": t, "logprob": -0.25, "bytes": list(t.encode()), "top_logprobs": []}
+                    for t in tokens
+                ]
+            },
+        }
+    )
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def tool_trajectory(reward: float, *, city: str = "Paris") -> art.Trajectory:
+    """system, user, assistant tool call, tool result, final assistant answer."""
+    call = {
+        "id": "call_7",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'},
+    }
+    return art.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "You answer weather questions."},
+            {"role": "user", "content": f"Weather in {city}?"},
+            sampled_choice("", tool_call=call),
+            {"role": "tool", "tool_call_id": "call_7", "content": "sunny, 21C"},
+            sampled_choice(f"It is sunny in {city}."),
+        ],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        reward=reward,
+        metrics={"turns": 2, "correct": reward > 0.5},
+        metadata={"city": city, "attempt": 1},
+        logs=["called get_weather once"],
+    )
