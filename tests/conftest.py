@@ -84,3 +84,14 @@ def chat_server_url() -> Iterator[str]:
 @pytest.fixture
 def art_path(tmp_path: Path) -> Path:
     return tmp_path / ".art"
+
+
+@pytest.fixture(scope="session")
+def default_model() -> tuple[Any, Any]:
+    """The embedded default model and its tokenizer, loaded once (converted from GGUF on first use).
+
+    Session-wide and shared: a test that wraps the model (LoRA) must wrap a copy.
+    """
+    from art.backends.local.models import DEFAULT_MODEL, load, resolve
+
+    return load(resolve(DEFAULT_MODEL))

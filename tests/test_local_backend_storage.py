@@ -23,10 +23,9 @@ def history(root: Path, name: str = "agent-001") -> list[dict[str, object]]:
     return [json.loads(line) for line in lines]
 
 
-async def registered(root: Path, name: str = "agent-001") -> art.TrainableModel:
-    model = art.TrainableModel(
-        name=name, project="proj", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
-    )
+async def registered(root: Path, name: str = "agent-001") -> art.Model:
+    """A model served elsewhere, logged by LocalBackend: storage without a model service."""
+    model = art.Model(name=name, project="proj")
     await model.register(LocalBackend(path=root))
     return model
 
@@ -222,17 +221,25 @@ def test_names_must_be_safe_directory_names() -> None:
 
 
 async def test_register_writes_model_json_and_refuses_a_changed_base_model(art_path: Path) -> None:
-    config = art.dev.InternalModelConfig(peft_args=art.dev.PeftArgs(r=16))
+    config = art.dev.InternalModelConfig(peft_args=art.dev.PeftArgs(r=4))
     model = art.TrainableModel(
-        name="m", project="proj", base_model="base-a", config={"lr": 1}, _internal_config=config
+        name="m",
+        project="proj",
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        config={"lr": 1},
+        _internal_config=config,
     )
-    await model.register(LocalBackend(path=art_path))
+    backend = LocalBackend(path=art_path, in_process=True)
+    try:
+        await model.register(backend)
+    finally:
+        await backend.close()
     saved = json.loads((model_dir(art_path, "m") / "model.json").read_text())
-    assert saved["base_model"] == "base-a"
+    assert saved["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert saved["config"] == {"lr": 1}
-    assert saved["internal_config"]["peft_args"]["r"] == 16
+    assert saved["internal_config"]["peft_args"]["r"] == 4
 
-    other = art.TrainableModel(name="m", project="proj", base_model="base-b")
+    other = art.TrainableModel(name="m", project="proj", base_model="some/other-model")
     with pytest.raises(art.ConfigError, match="base_model"):
         await other.register(LocalBackend(path=art_path))
     assert json.loads((model_dir(art_path, "m") / "model.json").read_text()) == saved
@@ -263,11 +270,3 @@ async def test_delete_checkpoints_keeps_the_latest_and_the_best(art_path: Path) 
         await model.delete_checkpoints("val/accuracy")
     assert await model.delete_checkpoints() == [1, 3]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0002", "0004"]
-
-
-async def test_training_says_it_is_not_built_yet(art_path: Path) -> None:
-    model = await registered(art_path)
-    with pytest.raises(NotImplementedError, match="trainer"):
-        await model.train([art.TrajectoryGroup([tool_trajectory(1.0), tool_trajectory(0.0)])])
-    with pytest.raises(NotImplementedError, match="does not serve"):
-        model.openai_client()

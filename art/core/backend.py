@@ -50,7 +50,7 @@ class Backend(Protocol):
         step: int,
         metrics: dict[str, float],
     ) -> None:
-        """Store checked `groups` (possibly none) and one history row of `metrics`."""
+        """Store checked `groups` (if any) and a history row of `metrics` (if any)."""
         ...
 
     async def train(
@@ -61,8 +61,11 @@ class Backend(Protocol):
         config: TrainConfig,
         dev_config: dev.TrainConfig,
         verbose: bool,
-    ) -> None:
-        """Take one training step on checked `groups` and serve the new checkpoint."""
+    ) -> dict[str, float]:
+        """Take one training step on checked `groups`, save and serve the new checkpoint.
+
+        Returns the trainer's metrics (loss, grad_norm, ...), which the model records.
+        """
         ...
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:

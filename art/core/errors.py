@@ -17,6 +17,8 @@ attributes, and its message says what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ArtError(Exception):
     """Base class of every error `art` raises on purpose."""
@@ -30,6 +32,10 @@ class ArtValueError(ArtError, ValueError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{field}: {problem}. {fix}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        # Rebuilt from its parts, so it crosses a process boundary as itself.
+        return type(self), (self.field, self.problem, self.fix)
 
 
 class TrajectoryValidationError(ArtValueError):
@@ -45,10 +51,14 @@ class ModelNotRegisteredError(ArtError):
 
     def __init__(self, model_name: str, action: str) -> None:
         self.model_name = model_name
+        self.action = action
         super().__init__(
             f"model {model_name!r} is not registered, so it cannot {action}. "
             "Call `await model.register(backend)` first."
         )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.model_name, self.action)
 
 
 class NotBuiltError(ArtError, NotImplementedError):
@@ -56,7 +66,11 @@ class NotBuiltError(ArtError, NotImplementedError):
 
     def __init__(self, name: str, missing: str) -> None:
         self.name = name
+        self.missing = missing
         super().__init__(f"{name} is not available yet: {missing}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.name, self.missing)
 
 
 class RolloutError(ArtError):
@@ -77,3 +91,10 @@ class TrainingError(ArtError):
     def __init__(self, message: str, *, step: int | None = None) -> None:
         self.step = step
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _training_error, (str(self), self.step)
+
+
+def _training_error(message: str, step: int | None) -> TrainingError:
+    return TrainingError(message, step=step)

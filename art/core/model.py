@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +199,8 @@ class TrainableModel(Model):
     base_model: str
 
     _internal_config: dev.InternalModelConfig = PrivateAttr(default_factory=dev.InternalModelConfig)
+    # When the previous training step ended: the time since is this step's rollout time.
+    _last_step_end: float | None = PrivateAttr(default=None)
 
     def __init__(
         self,
@@ -251,17 +254,34 @@ class TrainableModel(Model):
     ) -> None:
         """Take one GRPO step on `trajectory_groups`; the next rollouts use the new weights.
 
-        Groups whose rewards are all equal teach nothing and are skipped, but the step
-        still advances.
+        The groups are logged under the `train` split first; then the backend trains and
+        saves checkpoint `step + 1`; then one `train/` row (rewards, exception_rate, loss,
+        grad_norm, entropy, tokens, seconds) is added to `history.jsonl`. Groups whose
+        rewards are all equal teach nothing and are skipped, but the step still advances.
         """
         backend = self._registered_backend("train")
         groups = coerce_groups(trajectory_groups, "trajectory_groups")
-        await backend.train(
+        step = await backend.get_step(self)
+        # The trajectories are stored before training starts, so a failed step loses no data.
+        await backend.log(self, groups, split="train", step=step, metrics={})
+        started = time.monotonic()
+        trainer_metrics = await backend.train(
             self,
             groups,
             config=config or TrainConfig(),
             dev_config=_config or dev.TrainConfig(),
             verbose=verbose,
+        )
+        row: dict[str, float] = group_metrics(groups) | trainer_metrics
+        row["train_seconds"] = time.monotonic() - started
+        if self._last_step_end is not None:
+            row["rollout_seconds"] = started - self._last_step_end
+        self._last_step_end = time.monotonic()
+        if verbose:
+            shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(row.items()))
+            print(f"[{self.name}] step {step} -> {step + 1}: {shown}")
+        await backend.log(
+            self, [], split="train", step=step, metrics={f"train/{k}": v for k, v in row.items()}
         )
 
 

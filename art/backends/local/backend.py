@@ -1,26 +1,35 @@
-"""`LocalBackend`: models stored (and, once serving lands, served and trained) on this machine."""
+"""`LocalBackend`: models stored, served and trained on this machine."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core import dev
 from ...core.backend import InferenceEndpoint
-from ...core.errors import ConfigError, NotBuiltError
+from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 
+if TYPE_CHECKING:
+    from .process import ServiceProcess
+    from .service import ModelService
+
 
 class LocalBackend:
-    """Runs the model service on this machine and keeps every run under `path`.
+    """Serves, trains and stores models on this machine, under `path`.
+
+    Trainable models are served on an OpenAI-compatible endpoint on 127.0.0.1 and
+    trained with LoRA GRPO; each step's adapter becomes `checkpoints/{step:04d}` and is
+    served to the next rollouts.
 
     Args:
-        in_process: run the model service inside this process (True) or in a child
-            process that exits with this one (False).
+        in_process: run the model service (inference engine and trainer) inside this
+            process (True), or in a child process that exits with this one (False),
+            which keeps torch out of the agent's process.
         path: where models, checkpoints and trajectory logs are stored.
     """
 
@@ -30,6 +39,19 @@ class LocalBackend:
         self.in_process = in_process
         self.path = os.fspath(path)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._service: ModelService | ServiceProcess | None = None
+
+    def _model_service(self) -> ModelService | ServiceProcess:
+        if self._service is None:
+            if self.in_process:
+                from .service import ModelService
+
+                self._service = ModelService(self.path)
+            else:
+                from .process import ServiceProcess
+
+                self._service = ServiceProcess(self.path)
+        return self._service
 
     def __repr__(self) -> str:
         return f"LocalBackend(path={self.path!r}, in_process={self.in_process})"
@@ -63,7 +85,11 @@ class LocalBackend:
             )
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
-        return None
+        if not isinstance(model, TrainableModel):
+            return None
+        service = self._model_service()
+        endpoint = await asyncio.to_thread(service.register, record)
+        return InferenceEndpoint(base_url=endpoint["base_url"], api_key=endpoint["api_key"])
 
     async def get_step(self, model: Model) -> int:
         return await asyncio.to_thread(self._store(model).step)
@@ -91,12 +117,17 @@ class LocalBackend:
         config: TrainConfig,
         dev_config: dev.TrainConfig,
         verbose: bool,
-    ) -> None:
-        raise NotBuiltError(
-            "LocalBackend training",
-            "this version stores and logs trajectories but has no trainer yet; "
-            "log them with `await model.log(groups, split='train')` meanwhile",
-        )
+    ) -> dict[str, float]:
+        service = self._model_service()
+        async with self._lock(model):
+            return await asyncio.to_thread(
+                service.train,
+                model.project,
+                model.name,
+                [group.model_dump_json() for group in groups],
+                config.model_dump(mode="json"),
+                dev_config.model_dump(mode="json"),
+            )
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         store = self._store(model)
@@ -106,7 +137,10 @@ class LocalBackend:
             )
 
     async def close(self) -> None:
-        return None
+        """Stop the model service (and its process); stored files stay."""
+        if self._service is not None:
+            service, self._service = self._service, None
+            await asyncio.to_thread(service.close)
 
     async def __aenter__(self) -> LocalBackend:
         return self

@@ -1,0 +1,150 @@
+"""Prompt rendering with tools, and parsing tool calls out of sampled text.
+
+SmolLM2-Instruct's own chat template is ChatML without tool support. For ChatML models
+whose template ignores tools, we render with `TOOL_CHATML_TEMPLATE`: the tool schemas go
+in the system turn, the model calls a tool by writing `<tool_call>{json}</tool_call>`,
+and tool results come back as user turns wrapped in `<tool_response>`. The same template
+renders earlier calls, so a multi-turn conversation reads the way the model wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+TOOL_CHATML_TEMPLATE = """
+{%- macro text(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- macro call_json(call) -%}
+{%- set arguments = call.function.arguments -%}
+{"name": {{ call.function.name | tojson }}, "arguments": {% if arguments is string %}{{ arguments }}{% else %}{{ arguments | tojson }}{% endif %}}
+{%- endmacro -%}
+{%- if messages and messages[0].role in ['system', 'developer'] -%}
+{%- set system = text(messages[0].content) -%}{%- set turns = messages[1:] -%}
+{%- else -%}
+{%- set system = default_system -%}{%- set turns = messages -%}
+{%- endif -%}
+<|im_start|>system
+{{ system }}
+{%- if tools -%}
+{{ '\n\nYou can call tools. Their JSON schemas:\n<tools>' }}
+{%- for tool in tools -%}
+{{ '\n' }}{{ (tool.function if tool.function is defined else tool) | tojson }}
+{%- endfor -%}
+{{ '\n</tools>\nTo call a tool, reply with one line per call, exactly like this:\n' }}
+{{- '<tool_call>{"name": "tool_name", "arguments": {"argument": "value"}}</tool_call>' }}
+{%- endif %}<|im_end|>
+{% for message in turns -%}
+{%- if message.role == 'assistant' -%}
+<|im_start|>assistant
+{{ text(message.content) }}
+{%- if message.tool_calls -%}
+{%- for call in message.tool_calls -%}
+{%- if not loop.first or text(message.content) %}
+{% endif -%}
+<tool_call>{{ call_json(call) }}</tool_call>
+{%- endfor -%}
+{%- endif -%}
+<|im_end|>
+{% elif message.role == 'tool' -%}
+<|im_start|>user
+<tool_response>
+{{ text(message.content) }}
+</tool_response><|im_end|>
+{% else -%}
+<|im_start|>{{ message.role }}
+{{ text(message.content) }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}
+"""
+
+
+def tool_template_for(tokenizer: Any) -> str | None:
+    """Our tool template where the tokenizer's own is ChatML without tools; else None."""
+    own = getattr(tokenizer, "chat_template", None)
+    if not isinstance(own, str) or "<|im_start|>" not in own:
+        return None
+    return None if "tools" in own else TOOL_CHATML_TEMPLATE
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template: str | None,
+    *,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The prompt text for `messages`, rendered with `template` or the tokenizer's own."""
+    rendered = tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        default_system=DEFAULT_SYSTEM_PROMPT,
+    )
+    return str(rendered)
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """Sampled text split into the visible content and OpenAI-shaped tool calls."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> ParsedOutput:
+    """Find `<tool_call>{json}</tool_call>` blocks; any malformed block leaves the text as is.
+
+    A call is well formed when its JSON has a string `name` and object `arguments` (or a
+    JSON string of an object). Text before the first call is kept as content.
+    """
+    start = text.find("<tool_call>")
+    if start < 0:
+        return ParsedOutput(text, [])
+    calls: list[dict[str, Any]] = []
+    for match in _CALL.finditer(text, start):
+        call = _parse_call(match.group(1))
+        if call is None:
+            return ParsedOutput(text, [])
+        calls.append(call)
+    content = text[:start].strip()
+    return ParsedOutput(content or None, calls)
+
+
+def _parse_call(body: str) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = parsed.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": parsed["name"], "arguments": json.dumps(arguments)},
+    }

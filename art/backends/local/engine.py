@@ -1,0 +1,379 @@
+"""The transformers inference engine: continuous batching with token ids and logprobs.
+
+A worker thread decodes every running sequence one token per step with a shared KV
+cache. Between steps it admits waiting requests for the same adapter (their prompts are
+prefilled as a batch and their cache rows joined to the running ones) and drops the
+rows that finished, so a stream of agent turns keeps the batch full instead of waiting
+for its slowest member. Requests for another adapter wait until the running batch
+drains; so does training (`paused()`).
+
+A decode loop of our own rather than `model.generate`, because each row needs its own
+sampling settings, seed, stop strings and streaming callback, rows join and leave
+mid-flight, and training needs the sampled ids with their logprobs under the model's
+own (temperature-1) distribution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    top_logprobs: int = 0
+
+
+@dataclass
+class Sample:
+    """One sampled sequence."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # of each sampled token, temperature 1
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: Literal["stop", "length"] = "length"
+    text: str = ""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    adapter: str | None
+    on_token: OnToken | None
+    future: concurrent.futures.Future[list[Sample]]
+    samples: list[Sample] = field(default_factory=list)
+    unfinished: int = 0
+
+
+@dataclass
+class _Row:
+    request: _Request
+    index: int
+    sample: Sample
+    generator: torch.Generator | None
+    done: bool = False
+
+
+@dataclass
+class _Batch:
+    """The running rows and their decoding state, row i of every tensor being rows[i]."""
+
+    rows: list[_Row]
+    cache: Any  # transformers.DynamicCache
+    attention: torch.Tensor  # (rows, cached length)
+    next_position: torch.Tensor  # (rows, 1)
+    logits: torch.Tensor  # (rows, vocab): the distribution of each row's next token
+
+
+class TransformersEngine:
+    """Serves one transformers model (and its PEFT adapters) to concurrent requests.
+
+    `model_lock` is held while a batch runs; whoever else changes the model (training,
+    loading adapters) takes it through `paused()`. `select_adapter(name)` makes `name`
+    (None: the base model) the active weights for the duration of a batch.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_num_seqs: int,
+        model_lock: threading.Lock,
+        select_adapter: Callable[[str | None], contextlib.AbstractContextManager[None]],
+        stop_token_ids: set[int],
+        batch_window_s: float = 0.01,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.model_lock = model_lock
+        self.select_adapter = select_adapter
+        self.stop_token_ids = stop_token_ids
+        self.batch_window_s = batch_window_s
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._held: list[_Request] = []  # taken from the queue, not yet admitted
+        self._pausing = threading.Event()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
+        self._worker.start()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        adapter: str | None = None,
+        on_token: OnToken | None = None,
+    ) -> list[Sample]:
+        """Sample `n` sequences for one prompt."""
+        future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
+        self._queue.put(_Request(prompt_ids, params, n, adapter, on_token, future))
+        return await asyncio.wrap_future(future)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the model exclusively: running rows finish, new requests wait."""
+        self._pausing.set()
+        try:
+            with self.model_lock:
+                self._pausing.clear()
+                yield
+        finally:
+            self._pausing.clear()
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+        for request in self._held:
+            request.future.set_exception(RuntimeError("the inference engine was closed"))
+        self._held.clear()
+
+    # --- the worker -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while self._wait_for_requests():
+            adapter = self._held[0].adapter
+            admitted: list[_Request] = []
+            try:
+                with self.model_lock, self.select_adapter(adapter), torch.inference_mode():
+                    batch: _Batch | None = None
+                    while True:
+                        new = self._admit(adapter, running=len(batch.rows) if batch else 0)
+                        admitted += new
+                        if new:
+                            batch = self._join(batch, self._prefill(new))
+                        if batch is None or not batch.rows:
+                            break
+                        batch = self._step(batch)
+            except BaseException as error:  # delivered to the waiting callers, never lost
+                for request in admitted:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+
+    def _wait_for_requests(self) -> bool:
+        """Block until a request is held; False once the engine is closed."""
+        while not self._held:
+            request = self._queue.get()
+            if request is None:
+                return False
+            self._held.append(request)
+            # Keep taking requests while they keep coming, so requests sent together (a
+            # gather of rollouts) are prefilled together.
+            while True:
+                try:
+                    more = self._queue.get(timeout=self.batch_window_s)
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)
+                    break
+                self._held.append(more)
+        return not self._closed
+
+    def _admit(self, adapter: str | None, running: int) -> list[_Request]:
+        while True:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is None:
+                self._queue.put(None)
+                break
+            self._held.append(request)
+        if self._pausing.is_set() or self._closed:
+            return []
+        if running and any(request.adapter != adapter for request in self._held):
+            return []  # drain, then serve the other adapter's requests
+        admitted: list[_Request] = []
+        size = running
+        for request in list(self._held):
+            if request.adapter != adapter:
+                continue
+            if size + request.n > self.max_num_seqs and (admitted or running):
+                break
+            admitted.append(request)
+            self._held.remove(request)
+            size += request.n
+        return admitted
+
+    def _prefill(self, requests: list[_Request]) -> _Batch:
+        from transformers import DynamicCache
+
+        rows: list[_Row] = []
+        for request in requests:
+            request.samples = [Sample() for _ in range(request.n)]
+            request.unfinished = request.n
+            for index, sample in enumerate(request.samples):
+                generator = None
+                if request.params.seed is not None:
+                    generator = torch.Generator().manual_seed(request.params.seed + index)
+                rows.append(_Row(request, index, sample, generator))
+        device = next(self.model.parameters()).device
+        longest = max(len(row.request.prompt_ids) for row in rows)
+        input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids = row.request.prompt_ids
+            input_ids[i, longest - len(ids) :] = torch.tensor(ids)
+            attention[i, longest - len(ids) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return _Batch(
+            rows, cache, attention, positions[:, -1:] + 1, output.logits[:, -1, :].float()
+        )
+
+    def _join(self, running: _Batch | None, new: _Batch) -> _Batch:
+        """One batch of both: the shorter cache is left-padded (masked) to the longer."""
+        if running is None or not running.rows:
+            return new
+        length = max(running.attention.shape[1], new.attention.shape[1])
+        for old_layer, new_layer in zip(running.cache.layers, new.cache.layers, strict=True):
+            old_layer.keys = torch.cat(
+                [_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)]
+            )
+            old_layer.values = torch.cat(
+                [_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)]
+            )
+        attention = torch.cat(
+            [_left_pad(running.attention, length, dim=1), _left_pad(new.attention, length, dim=1)]
+        )
+        return _Batch(
+            running.rows + new.rows,
+            running.cache,
+            attention,
+            torch.cat([running.next_position, new.next_position]),
+            torch.cat([running.logits, new.logits]),
+        )
+
+    def _step(self, batch: _Batch) -> _Batch:
+        """Sample one token for every row, retire finished rows, and run the model once."""
+        logits = batch.logits
+        tokens = self._sample(logits, batch.rows)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+        token_list = tokens.tolist()
+        for i, row in enumerate(batch.rows):
+            self._append(row, token_list[i], chosen[i], logprobs[i])
+            if row.request.on_token is not None:
+                row.request.on_token(row.index, token_list[i])
+            if row.done:
+                row.request.unfinished -= 1
+                if row.request.unfinished == 0:
+                    row.request.future.set_result(row.request.samples)
+        keep = [i for i, row in enumerate(batch.rows) if not row.done]
+        if not keep:
+            return _Batch([], batch.cache, batch.attention[:0], batch.next_position[:0], logits[:0])
+        if len(keep) < len(batch.rows):
+            index = torch.tensor(keep, device=tokens.device)
+            batch.cache.batch_select_indices(index)
+            batch = _Batch(
+                [batch.rows[i] for i in keep],
+                batch.cache,
+                batch.attention[index],
+                batch.next_position[index],
+                logits[index],
+            )
+            tokens = tokens[index]
+        attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], dim=1)
+        output = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=attention,
+            position_ids=batch.next_position,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        return _Batch(
+            batch.rows,
+            batch.cache,
+            attention,
+            batch.next_position + 1,
+            output.logits[:, -1, :].float(),
+        )
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        device = logits.device
+        temperatures = torch.tensor([row.request.params.temperature for row in rows], device=device)
+        greedy = temperatures == 0
+        probs = torch.softmax(logits / temperatures.clamp(min=1e-5)[:, None], dim=-1)
+        top_p = torch.tensor([row.request.params.top_p for row in rows], device=device)
+        if bool((top_p < 1).any()):
+            # Nucleus sampling (Holtzman et al., 2019): keep the smallest set of tokens
+            # whose probability reaches top_p, always at least the most likely one.
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            before = sorted_probs.cumsum(-1) - sorted_probs
+            sorted_probs[before >= top_p[:, None]] = 0
+            probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+        unseeded = [i for i, row in enumerate(rows) if row.generator is None]
+        if unseeded:
+            index = torch.tensor(unseeded, device=device)
+            tokens[index] = torch.multinomial(probs[index], 1).squeeze(1)
+        for i, row in enumerate(rows):
+            if row.generator is not None:
+                tokens[i] = torch.multinomial(probs[i].cpu(), 1, generator=row.generator)[0]
+        if bool(greedy.any()):
+            tokens[greedy] = logits[greedy].argmax(dim=-1)
+        return tokens
+
+    def _append(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
+        params, sample = row.request.params, row.sample
+        sample.token_ids.append(token)
+        sample.logprobs.append(logprob)
+        if params.top_logprobs:
+            values, ids = logprobs.topk(params.top_logprobs)
+            sample.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+        if token in self.stop_token_ids:
+            sample.finish_reason, row.done = "stop", True
+        elif params.stop:
+            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            hits = [text.find(stop) for stop in params.stop if stop in text]
+            if hits:
+                sample.text = text[: min(hits)]
+                sample.finish_reason, row.done = "stop", True
+                return
+        if not row.done and len(sample.token_ids) >= params.max_tokens:
+            sample.finish_reason, row.done = "length", True
+        if row.done:
+            sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    # F.pad lists (left, right) pairs from the last dimension backwards.
+    padding = [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0]
+    return F.pad(tensor, padding)

@@ -1,0 +1,168 @@
+"""The GRPO-family loss: pure functions of tensors and a frozen config.
+
+Shapes: every per-token tensor is `[batch, tokens]`, aligned so position `t` holds the
+log-probability of token `t` of the trained sequence. `mask` is 1.0 on the tokens the
+model sampled itself (the ones trained) and 0.0 elsewhere.
+
+Means are token-level over every trained token of the batch, not per sequence first,
+so a long answer is not down-weighted against a short one (DAPO, arXiv:2503.14476).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ...core import dev
+from ...core.types import TrainConfig
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The knobs of the objective, gathered from `art.TrainConfig` and `art.dev.TrainConfig`."""
+
+    ppo: bool = False  # PPO's clipped surrogate; False uses CISPO
+    epsilon: float = 0.2  # lower clip range: 1 - epsilon
+    epsilon_high: float | None = None  # upper clip range: 1 + epsilon_high; None uses epsilon
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    beta: float = 0.0  # weight of the KL penalty towards the base model
+
+    @classmethod
+    def from_configs(cls, config: TrainConfig, dev_config: dev.TrainConfig) -> LossConfig:
+        return cls(
+            ppo=dev_config.ppo,
+            epsilon=dev_config.epsilon,
+            epsilon_high=dev_config.epsilon_high,
+            importance_sampling_level=dev_config.importance_sampling_level,
+            beta=config.beta,
+        )
+
+    @property
+    def upper(self) -> float:
+        return 1.0 + (self.epsilon if self.epsilon_high is None else self.epsilon_high)
+
+    @property
+    def lower(self) -> float:
+        return 1.0 - self.epsilon
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """The loss to differentiate, and detached metrics of the same batch."""
+
+    loss: torch.Tensor  # policy_loss + beta * kl
+    policy_loss: torch.Tensor
+    kl: torch.Tensor | None  # mean k3 KL to the base model; None when beta is 0
+    clip_fraction: torch.Tensor  # share of trained tokens whose importance weight was clipped
+    mean_ratio: torch.Tensor  # mean importance ratio over trained tokens
+
+
+def masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, dim: int | None = None, keepdim: bool = False
+) -> torch.Tensor:
+    """Mean of `values` where `mask` is 1; 0 where nothing is masked in. NaNs outside are ignored."""
+    kept = torch.where(mask > 0, values, torch.zeros_like(values)) * mask
+    if dim is None:
+        return kept.sum() / mask.sum().clamp(min=1.0)
+    return kept.sum(dim, keepdim=keepdim) / mask.sum(dim, keepdim=keepdim).clamp(min=1.0)
+
+
+def importance_ratio(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: Literal["token", "sequence"] = "token",
+) -> torch.Tensor:
+    """pi_new / pi_sampler per token, or one per sequence broadcast over its tokens.
+
+    Where the sampler's logprob is unknown (NaN) the current policy stands in, ratio 1.
+    The sequence ratio is the geometric mean of the token ratios, GSPO's length-normalised
+    sequence likelihood ratio (arXiv:2507.18071).
+    """
+    old = torch.where(torch.isnan(old_logprobs), new_logprobs.detach(), old_logprobs)
+    log_ratio = new_logprobs - old
+    if level == "sequence":
+        log_ratio = masked_mean(log_ratio, mask, dim=-1, keepdim=True).expand_as(new_logprobs)
+    return torch.exp(log_ratio)
+
+
+def ppo_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, lower: float, upper: float
+) -> torch.Tensor:
+    """PPO's clipped surrogate per token, negated to minimise (arXiv:1707.06347)."""
+    clipped = ratio.clamp(lower, upper)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def cispo_loss(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    new_logprobs: torch.Tensor,
+    lower: float,
+    upper: float,
+) -> torch.Tensor:
+    """CISPO per token: a clipped, non-differentiated importance weight times the
+    REINFORCE term, so clipped tokens still get gradient (arXiv:2506.13585)."""
+    weight = ratio.clamp(lower, upper).detach()
+    return -(weight * advantages * new_logprobs)
+
+
+def kl_k3(new_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(new || ref) per token: unbiased and never negative.
+
+    http://joschu.net/blog/kl-approx.html
+    """
+    log_ratio = ref_logprobs - new_logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def grpo_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+) -> LossResult:
+    """The token-level mean loss of one micro-batch, PPO or CISPO as `config.ppo` says."""
+    ratio = importance_ratio(new_logprobs, old_logprobs, mask, config.importance_sampling_level)
+    if config.ppo:
+        per_token = ppo_loss(ratio, advantages, config.lower, config.upper)
+        # PPO clips only where it removes the gradient: the ratio left the range in the
+        # direction the advantage pushes it.
+        clipped = ((ratio > config.upper) & (advantages > 0)) | (
+            (ratio < config.lower) & (advantages < 0)
+        )
+    else:
+        per_token = cispo_loss(ratio, advantages, new_logprobs, config.lower, config.upper)
+        clipped = (ratio > config.upper) | (ratio < config.lower)
+    policy_loss = masked_mean(per_token, mask)
+    loss = policy_loss
+    kl: torch.Tensor | None = None
+    if config.beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("grpo_loss: beta > 0 needs ref_logprobs of the base model")
+        kl = masked_mean(kl_k3(new_logprobs, ref_logprobs), mask)
+        loss = loss + config.beta * kl
+        kl = kl.detach()
+    return LossResult(
+        loss=loss,
+        policy_loss=policy_loss.detach(),
+        kl=kl,
+        clip_fraction=masked_mean(clipped.to(mask.dtype), mask),
+        mean_ratio=masked_mean(ratio.detach(), mask),
+    )
+
+
+__all__ = [
+    "LossConfig",
+    "LossResult",
+    "cispo_loss",
+    "grpo_loss",
+    "importance_ratio",
+    "kl_k3",
+    "masked_mean",
+    "ppo_loss",
+]

@@ -1,0 +1,404 @@
+"""The OpenAI-compatible HTTP endpoint (`/v1/chat/completions`, `/v1/models`).
+
+Each choice carries three fields beyond the OpenAI schema, which training reads:
+`prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
+and `token_logprobs` (their logprobs under the model's temperature-1 distribution).
+Bad requests get a 4xx in OpenAI's error shape naming the parameter; the server keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ...core.trajectories import check_message_or_choice, check_tool
+from .chat_format import parse_tool_calls, render_prompt
+from .engine import Sample, SamplingParams, TransformersEngine
+
+DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a `model` name is served: an engine, and the adapter to use (None: the base)."""
+
+    engine: TransformersEngine
+    tokenizer: Any
+    chat_template: str | None
+    adapter: str | None
+    context_length: int
+
+
+class Router:
+    """Maps model names to routes; implemented by the model service."""
+
+    def route(self, model: str) -> Route:
+        raise NotImplementedError
+
+    def model_names(self) -> list[str]:
+        raise NotImplementedError
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    stream: bool = False
+    stream_options: dict[str, bool] | None = None
+    frequency_penalty: float = Field(default=0.0, ge=0, le=0)
+    presence_penalty: float = Field(default=0.0, ge=0, le=0)
+    response_format: dict[str, Any] | None = None
+    user: str | None = None  # an end-user id for the caller's own bookkeeping
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for index, message in enumerate(messages):
+            checked = check_message_or_choice(message, f"messages[{index}]")
+            if not isinstance(checked, dict):
+                raise ValueError(f"messages[{index}] must be a message object")
+        return messages
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for index, tool in enumerate(tools or []):
+            check_tool(tool, f"tools[{index}]")
+        return tools
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and (len(stop) > 4 or not all(stop)):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        return stop
+
+    @field_validator("response_format")
+    @classmethod
+    def _check_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(
+                "structured output (json_object, json_schema) is not supported by this engine yet"
+            )
+        return value
+
+
+def build_app(router: Router, api_key: str | None) -> FastAPI:
+    """The FastAPI app serving `router`'s models. With `api_key`, /v1 routes require it."""
+    app = FastAPI(title="art model endpoint", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _validation_error(error).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return ApiError(error.status_code, str(error.detail)).response()
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        if api_key is not None and request.url.path.startswith("/v1"):
+            header = request.headers.get("authorization", "")
+            given = header.removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), api_key.encode()):
+                return ApiError(401, "missing or wrong API key", code="invalid_api_key").response()
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        names = router.model_names()
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "art"} for name in names]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+        try:
+            route = await asyncio.to_thread(router.route, body.model)
+        except KeyError as error:
+            raise ApiError(
+                404, str(error.args[0]), param="model", code="model_not_found"
+            ) from error
+        job = _prepare(body, route)
+        if body.stream:
+            return StreamingResponse(_stream(body, route, job), media_type="text/event-stream")
+        samples = await route.engine.generate(
+            job.prompt_ids, job.params, n=body.n, adapter=route.adapter
+        )
+        return JSONResponse(_completion(body, route, job, samples))
+
+    return app
+
+
+def _validation_error(error: RequestValidationError) -> ApiError:
+    first = error.errors()[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        message = f"unsupported parameter {param!r}"
+    elif first.get("type") == "less_than_equal" and param in (
+        "frequency_penalty",
+        "presence_penalty",
+    ):
+        message = f"{param} is not supported by this engine; leave it at 0"
+    if param and not message.startswith(param.split(".")[0]):
+        message = f"{param}: {message}"
+    return ApiError(400, message, param=param)
+
+
+@dataclass(frozen=True)
+class _Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    prefill: str  # assistant text forced before sampling (a required tool call)
+    parse_tools: bool
+
+
+def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
+    tools = body.tools if body.tool_choice != "none" else None
+    if tools and route.chat_template is None and "tools" not in str(route.tokenizer.chat_template):
+        raise ApiError(400, "this model's chat template has no tool support", param="tools")
+    prefill = ""
+    if tools and body.tool_choice == "required":
+        prefill = "<tool_call>"
+    elif tools and isinstance(body.tool_choice, dict):
+        name = body.tool_choice.get("function", {}).get("name")
+        if name not in {tool["function"]["name"] for tool in tools}:
+            raise ApiError(
+                400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice"
+            )
+        prefill = '<tool_call>{"name": ' + json.dumps(name) + ', "arguments": '
+    try:
+        text = render_prompt(route.tokenizer, body.messages, tools, route.chat_template)
+    except Exception as error:  # a template that cannot render these messages
+        raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error
+    prompt_ids: list[int] = route.tokenizer(text + prefill, add_special_tokens=False).input_ids
+    room = route.context_length - len(prompt_ids)
+    if room < 1:
+        raise ApiError(
+            400,
+            f"messages: the prompt has {len(prompt_ids)} tokens; the model's context is "
+            f"{route.context_length}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"max_tokens: {asked} does not fit: the prompt has {len(prompt_ids)} tokens and the "
+            f"context is {route.context_length}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=stop,
+        seed=body.seed,
+        top_logprobs=body.top_logprobs or 0,
+    )
+    return _Job(prompt_ids, params, prefill, parse_tools=bool(tools))
+
+
+def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
+    text = job.prefill + sample.text
+    if not job.parse_tools:
+        return {"role": "assistant", "content": text}, sample.finish_reason
+    if job.prefill.endswith('"arguments": ') and not text.rstrip().endswith("</tool_call>"):
+        text = text.rstrip() + "}</tool_call>"  # the forced call's closing brace, often left off
+    parsed = parse_tool_calls(text)
+    if not parsed.tool_calls:
+        return {"role": "assistant", "content": job.prefill + sample.text}, sample.finish_reason
+    calls = parsed.tool_calls if body.parallel_tool_calls else parsed.tool_calls[:1]
+    return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"
+
+
+def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        token = route.tokenizer.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    content = []
+    for i, (token_id, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
+        item = entry(token_id, logprob)
+        alternatives = sample.top_logprobs[i] if sample.top_logprobs else []
+        item["top_logprobs"] = [entry(t, lp) for t, lp in alternatives]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def _choice(
+    body: ChatCompletionRequest, route: Route, job: _Job, index: int, sample: Sample
+) -> dict[str, Any]:
+    message, finish_reason = _message(body, job, sample)
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": _logprobs(route, sample) if body.logprobs else None,
+        "prompt_token_ids": job.prompt_ids,
+        "token_ids": sample.token_ids,
+        "token_logprobs": sample.logprobs,
+    }
+
+
+def _usage(job: _Job, samples: list[Sample]) -> dict[str, int]:
+    completion = sum(len(sample.token_ids) for sample in samples)
+    prompt = len(job.prompt_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _completion(
+    body: ChatCompletionRequest, route: Route, job: _Job, samples: list[Sample]
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model,
+        "choices": [_choice(body, route, job, i, sample) for i, sample in enumerate(samples)],
+        "usage": _usage(job, samples),
+    }
+
+
+async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> AsyncIterator[str]:
+    """Server-sent events: text deltas as tokens are sampled, then the finished choices.
+
+    Text with tools or stop strings is sent whole at the end, once it is known whether it
+    holds a tool call or a stop string.
+    """
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    incremental = not job.parse_tools and not job.params.stop and not job.prefill
+    completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        data: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": body.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n"
+
+    def on_token(index: int, token_id: int) -> None:
+        loop.call_soon_threadsafe(tokens.put_nowait, (index, token_id))
+
+    generation = asyncio.ensure_future(
+        route.engine.generate(
+            job.prompt_ids,
+            job.params,
+            n=body.n,
+            adapter=route.adapter,
+            on_token=on_token if incremental else None,
+        )
+    )
+    try:
+        for index in range(body.n):
+            yield chunk(
+                [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        sent = [""] * body.n
+        ids: list[list[int]] = [[] for _ in range(body.n)]
+        while incremental and not (generation.done() and tokens.empty()):
+            getter = asyncio.ensure_future(tokens.get())
+            await asyncio.wait({getter, generation}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            index, token_id = getter.result()
+            ids[index].append(token_id)
+            text = route.tokenizer.decode(ids[index], skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue  # half of a multi-byte character: wait for the rest
+            delta, sent[index] = text[len(sent[index]) :], text
+            if delta:
+                yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
+        samples = await generation
+        for index, sample in enumerate(samples):
+            message, finish_reason = _message(body, job, sample)
+            final_delta: dict[str, Any] = {}
+            content = message.get("content") or ""
+            if content[len(sent[index]) :]:
+                final_delta["content"] = content[len(sent[index]) :]
+            if message.get("tool_calls"):
+                final_delta["tool_calls"] = [
+                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                ]
+            final = _choice(body, route, job, index, sample)
+            final.pop("message")
+            yield chunk([{**final, "delta": final_delta, "finish_reason": finish_reason}])
+        if body.stream_options and body.stream_options.get("include_usage"):
+            yield chunk([], usage=_usage(job, samples))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not generation.done():
+            generation.cancel()
+
+
+__all__ = ["ApiError", "ChatCompletionRequest", "Route", "Router", "build_app"]

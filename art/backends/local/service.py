@@ -1,0 +1,284 @@
+"""The model service: loads base models, serves them over HTTP, trains their adapters.
+
+One `ModelService` holds every trainable model registered with a LocalBackend. Models
+that share a base model share its weights: each gets its own LoRA adapter in one PEFT
+model, served as `name` (the latest step) and `name@step` (any checkpoint on disk),
+while the base itself is served under its own name. Decoding and training take turns
+on one lock per base model.
+
+Its methods take and return plain JSON-like values, so the same object can be called
+in this process or, through `art.backends.local.process`, in a child process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...core import dev
+from ...core.errors import ConfigError
+from ...core.storage import ModelStore, replace_dir_atomic
+from ...core.trajectories import TrajectoryGroup
+from ...core.types import TrainConfig
+from . import models
+from .chat_format import tool_template_for
+from .engine import TransformersEngine
+from .openai_server import Route, Router, build_app
+
+_SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
+
+
+@dataclass
+class _Base:
+    """One loaded base model and everything that shares its weights."""
+
+    name: str
+    model: Any  # a PeftModel once the first adapter exists
+    tokenizer: Any
+    chat_template: str | None
+    context_length: int
+    lock: threading.Lock
+    engine: TransformersEngine | None = None
+    checkpoints: OrderedDict[str, Path] = field(default_factory=OrderedDict)
+
+    def select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
+        if adapter is None:
+            if hasattr(self.model, "disable_adapter"):
+                return self.model.disable_adapter()  # type: ignore[no-any-return]
+            return contextlib.nullcontext()
+        self.model.set_adapter(adapter)
+        return contextlib.nullcontext()
+
+
+@dataclass
+class _Trained:
+    """A registered trainable model."""
+
+    name: str
+    base: _Base
+    adapter: str
+    store: ModelStore
+    trainer: Any
+    base_model: str  # as the user named it
+
+    def save(self, directory: Path) -> None:
+        self.trainer.save(directory)
+        # Name the base as the user did, not by our cache path, so the checkpoint loads as
+        # a `base_model` wherever that name resolves.
+        config_path = directory / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = self.base_model
+        config_path.write_text(json.dumps(config, indent=2))
+
+
+class ModelService(Router):
+    """Serves and trains the trainable models of one LocalBackend (`path`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.api_key = f"art-{secrets.token_urlsafe(24)}"
+        self._bases: dict[str, _Base] = {}
+        self._models: dict[str, _Trained] = {}
+        self._registry_lock = threading.Lock()
+        self._server: Any = None
+        self._base_url: str | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def register(self, record: dict[str, Any]) -> dict[str, str]:
+        """Load (or reuse) the model's base and adapter; return its endpoint."""
+        with self._registry_lock:
+            key = f"{record['project']}/{record['name']}"
+            if key not in self._models:
+                self._models[key] = self._load_trained(record)
+            base_url = self._ensure_server()
+        return {"base_url": base_url, "api_key": self.api_key}
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        for base in self._bases.values():
+            if base.engine is not None:
+                base.engine.close()
+
+    def _load_trained(self, record: dict[str, Any]) -> _Trained:
+        from .trainer import PeftTrainer, add_adapter
+
+        config = dev.InternalModelConfig.model_validate(record.get("internal_config") or {})
+        if config.engine not in (None, "transformers") or config.trainer not in (None, "peft"):
+            raise ConfigError(
+                "_internal_config",
+                f"engine={config.engine!r}, trainer={config.trainer!r} is not available on this machine",
+                "Leave engine and trainer unset (transformers + PEFT) for CPU training",
+            )
+        resolved = models.resolve(record["base_model"])
+        base = self._load_base(resolved, config)
+        store = ModelStore(self.path, record["project"], record["name"])
+        step = store.step()
+        start_from = (
+            store.checkpoint_dir(step) if store.checkpoint_steps() else resolved.adapter_dir
+        )
+        adapter = _adapter_name(record["name"], len(self._models))
+        with base.lock:
+            base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
+            base.model.set_adapter(adapter)
+            trainer = PeftTrainer(
+                base.model,
+                base.tokenizer,
+                init_args=config.init_args,
+                trainer_args=config.trainer_args,
+            )
+            if start_from is not None:
+                trainer.load_optimizer(start_from)
+            trained = _Trained(record["name"], base, adapter, store, trainer, resolved.name)
+            if not store.checkpoint_steps():
+                replace_dir_atomic(store.checkpoint_dir(0), trained.save)
+        if base.engine is None:
+            base.engine = TransformersEngine(
+                base.model,
+                base.tokenizer,
+                max_num_seqs=config.engine_args.max_num_seqs,
+                model_lock=base.lock,
+                select_adapter=base.select_adapter,
+                stop_token_ids=_stop_token_ids(base.model, base.tokenizer),
+            )
+        return trained
+
+    def _load_base(self, resolved: models.ResolvedModel, config: dev.InternalModelConfig) -> _Base:
+        if resolved.weights in self._bases:
+            return self._bases[resolved.weights]
+        model, tokenizer = models.load(resolved, config.init_args.dtype)
+        context = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        context = min(context, config.engine_args.max_model_len or context)
+        base = _Base(
+            name=resolved.name,
+            model=model,
+            tokenizer=tokenizer,
+            chat_template=tool_template_for(tokenizer),
+            context_length=context,
+            lock=threading.Lock(),
+        )
+        self._bases[resolved.weights] = base
+        return base
+
+    def _ensure_server(self) -> str:
+        if self._base_url is not None:
+            return self._base_url
+        import uvicorn
+
+        app = build_app(self, self.api_key)
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, name="art-openai-server", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the OpenAI-compatible server did not start")
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        self._server = server
+        self._base_url = f"http://127.0.0.1:{port}/v1"
+        return self._base_url
+
+    # --- training -------------------------------------------------------------------------
+
+    def train(
+        self,
+        project: str,
+        name: str,
+        groups_json: list[str],
+        config: dict[str, Any],
+        dev_config: dict[str, Any],
+    ) -> dict[str, float]:
+        """One training step; the new adapter is saved as the next checkpoint and served."""
+        trained = self._models[f"{project}/{name}"]
+        groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
+        base = trained.base
+        with base.lock:
+            base.model.set_adapter(trained.adapter)
+            metrics: dict[str, float] = trained.trainer.step(
+                groups,
+                TrainConfig.model_validate(config),
+                dev.TrainConfig.model_validate(dev_config),
+                base.chat_template,
+            )
+            step = trained.store.step() + 1
+            replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
+        return metrics
+
+    # --- routing ----------------------------------------------------------------------------
+
+    def route(self, model: str) -> Route:
+        for base in self._bases.values():
+            if model == base.name:
+                return self._route(base, None)
+        name, _, step_text = model.rpartition("@") if "@" in model else (model, "", "")
+        matches = [t for t in self._models.values() if t.name == name]
+        if not matches:
+            raise KeyError(
+                f"unknown model {model!r}; this endpoint serves {', '.join(self.model_names())}"
+            )
+        trained = matches[0]
+        if not step_text or int_or_none(step_text) == trained.store.step():
+            return self._route(trained.base, trained.adapter)
+        step = int_or_none(step_text)
+        if step is None or step not in trained.store.checkpoint_steps():
+            steps = ", ".join(str(s) for s in trained.store.checkpoint_steps())
+            raise KeyError(f"model {name!r} has no checkpoint {step_text!r}; it has steps {steps}")
+        return self._route(trained.base, self._checkpoint_adapter(trained, step))
+
+    def _checkpoint_adapter(self, trained: _Trained, step: int) -> str:
+        base = trained.base
+        adapter = f"{trained.adapter}_step{step}"
+        with base.lock:
+            if adapter in base.checkpoints:
+                base.checkpoints.move_to_end(adapter)
+                return adapter
+            base.model.load_adapter(str(trained.store.checkpoint_dir(step)), adapter_name=adapter)
+            base.checkpoints[adapter] = trained.store.checkpoint_dir(step)
+            while len(base.checkpoints) > _SERVED_CHECKPOINTS:
+                oldest, _ = base.checkpoints.popitem(last=False)
+                base.model.delete_adapter(oldest)
+        return adapter
+
+    def _route(self, base: _Base, adapter: str | None) -> Route:
+        assert base.engine is not None
+        return Route(base.engine, base.tokenizer, base.chat_template, adapter, base.context_length)
+
+    def model_names(self) -> list[str]:
+        names = [base.name for base in self._bases.values()]
+        for trained in self._models.values():
+            names.append(trained.name)
+            names.extend(f"{trained.name}@{step}" for step in trained.store.checkpoint_steps())
+        return names
+
+
+def int_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _adapter_name(model_name: str, index: int) -> str:
+    # PEFT keeps adapters in a ModuleDict, whose keys cannot contain '.'.
+    return f"m{index}_{re.sub(r'[^A-Za-z0-9_]', '_', model_name)}"
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif isinstance(configured, list):
+        ids.update(configured)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
+        ids.add(end_of_turn)
+    return {i for i in ids if i is not None}

@@ -1,0 +1,158 @@
+"""The GRPO-family loss on hand-worked numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import art
+from art.backends.local.loss import (
+    LossConfig,
+    grpo_loss,
+    importance_ratio,
+    kl_k3,
+    masked_mean,
+)
+
+
+def _tensor(*values: float) -> torch.Tensor:
+    return torch.tensor([values], dtype=torch.float64)
+
+
+def _grad(
+    config: LossConfig, new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, torch.Tensor]:
+    new = new.clone().requires_grad_(True)
+    result = grpo_loss(new, old, adv, mask, config)
+    result.loss.backward()
+    assert new.grad is not None
+    return float(result.loss.detach()), new.grad
+
+
+def test_masked_mean_ignores_masked_tokens_even_when_they_are_not_finite() -> None:
+    values = _tensor(1.0, 3.0, math.nan, math.inf)
+    assert float(masked_mean(values, _tensor(1, 1, 0, 0))) == 2.0
+    assert float(masked_mean(values, _tensor(0, 0, 0, 0))) == 0.0
+    rows = torch.tensor([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert_close(masked_mean(rows, mask, dim=-1), torch.tensor([1.5, 4.0]))
+    # token-level over the batch: (1 + 2 + 4) / 3, not the mean of the row means
+    assert float(masked_mean(rows, mask)) == pytest.approx(7 / 3)
+
+
+@pytest.mark.parametrize("ppo", [True, False])
+def test_at_ratio_one_the_gradient_is_the_policy_gradient(ppo: bool) -> None:
+    logp = _tensor(-0.5, -1.0, -2.0, -0.1)
+    adv = _tensor(1.0, -1.0, 2.0, 5.0)
+    mask = _tensor(1, 1, 1, 0)  # the last token is not trained
+    loss, grad = _grad(LossConfig(ppo=ppo), logp, logp.clone(), adv, mask)
+    if ppo:
+        # -mean(r * A) with r = 1 over the 3 trained tokens: -(1 - 1 + 2) / 3
+        assert loss == pytest.approx(-2 / 3)
+    else:
+        # CISPO's value is -mean(w * A * logp): -(1*-0.5 + -1*-1.0 + 2*-2.0) / 3 = 3.5 / 3
+        assert loss == pytest.approx(3.5 / 3)
+    # d loss / d logp_t = -A_t / N for both: REINFORCE with advantages
+    assert_close(grad, _tensor(-1 / 3, 1 / 3, -2 / 3, 0.0))
+
+
+def test_ppo_clips_in_the_direction_the_advantage_pushes() -> None:
+    # eps = 0.2, eps_high = 0.3: the ratio is kept within [0.8, 1.3]
+    config = LossConfig(ppo=True, epsilon=0.2, epsilon_high=0.3)
+    old = _tensor(-1.0, -1.0, -1.0, -1.0)
+    ratios = _tensor(1.5, 1.5, 0.5, 0.5)
+    new = old + ratios.log()
+    adv = _tensor(1.0, -1.0, 1.0, -1.0)
+    mask = _tensor(1, 1, 1, 1)
+    # token 0: r=1.5, A=+1: min(1.5, 1.3) = 1.3  -> loss -1.3, clipped, no gradient
+    # token 1: r=1.5, A=-1: min(-1.5, -1.3) = -1.5 -> loss 1.5, gradient -r*A = 1.5
+    # token 2: r=0.5, A=+1: min(0.5, 0.8) = 0.5  -> loss -0.5, gradient -0.5
+    # token 3: r=0.5, A=-1: min(-0.5, -0.8) = -0.8 -> loss 0.8, clipped, no gradient
+    # mean: (-1.3 + 1.5 - 0.5 + 0.8) / 4 = 0.125
+    loss, grad = _grad(config, new, old, adv, mask)
+    assert loss == pytest.approx(0.125)
+    assert_close(grad, _tensor(0.0, 1.5, -0.5, 0.0) / 4)
+    result = grpo_loss(new, old, adv, mask, config)
+    assert float(result.clip_fraction) == 0.5
+    assert float(result.mean_ratio) == pytest.approx(1.0)  # (1.5 + 1.5 + 0.5 + 0.5) / 4
+
+
+def test_cispo_clips_the_weight_but_keeps_every_gradient() -> None:
+    config = LossConfig(ppo=False, epsilon=0.2, epsilon_high=0.3)
+    old = _tensor(-1.0, -1.0, -1.0, -1.0)
+    new = old + _tensor(1.5, 1.5, 0.5, 0.5).log()
+    adv = _tensor(1.0, -1.0, 1.0, -1.0)
+    # weights clip(r) = [1.3, 1.3, 0.8, 0.8]; d/dlogp of -(w * A * logp) = -w * A
+    loss, grad = _grad(config, new, old, adv, _tensor(1, 1, 1, 1))
+    assert_close(grad, _tensor(-1.3, 1.3, -0.8, 0.8) / 4)
+    # logp = -1 + log r: -(1.3*(-1+log1.5) - 1.3*(-1+log1.5) + 0.8*(-1+log.5) - 0.8*(-1+log.5)) = 0
+    assert loss == pytest.approx(0.0, abs=1e-12)
+    result = grpo_loss(new, old, adv, _tensor(1, 1, 1, 1), config)
+    assert float(result.clip_fraction) == 1.0
+
+
+def test_sequence_level_ratio_is_the_geometric_mean_over_trained_tokens() -> None:
+    old = _tensor(-1.0, -1.0, -1.0)
+    new = old + _tensor(2.0, 0.5, 7.0).log()
+    token = importance_ratio(new, old, _tensor(1, 1, 0), "token")
+    assert_close(token, _tensor(2.0, 0.5, 7.0))
+    # exp(mean(log 2, log 0.5)) = 1, broadcast to every token; the masked 7 does not count
+    sequence = importance_ratio(new, old, _tensor(1, 1, 0), "sequence")
+    assert_close(sequence, _tensor(1.0, 1.0, 1.0))
+    assert_close(importance_ratio(new, old, _tensor(1, 0, 0), "sequence"), _tensor(2.0, 2.0, 2.0))
+    # rows are separate sequences: sqrt(2 * 8) = 4 and sqrt(0.5 * 0.5) = 0.5
+    old2 = torch.zeros(2, 2, dtype=torch.float64)
+    new2 = torch.tensor([[2.0, 8.0], [0.5, 0.5]], dtype=torch.float64).log()
+    ratio = importance_ratio(new2, old2, torch.ones(2, 2, dtype=torch.float64), "sequence")
+    assert_close(ratio, torch.tensor([[4.0, 4.0], [0.5, 0.5]], dtype=torch.float64))
+
+
+def test_unknown_sampler_logprobs_give_ratio_one() -> None:
+    logp = _tensor(-0.5, -1.0, -2.0)
+    old = _tensor(math.nan, -1.0 - math.log(2.0), math.nan)
+    assert_close(importance_ratio(logp, old, _tensor(1, 1, 1)), _tensor(1.0, 2.0, 1.0))
+    # with every sampler logprob unknown, the gradient is the plain policy gradient
+    adv = _tensor(1.0, 1.0, -1.0)
+    nan = _tensor(math.nan, math.nan, math.nan)
+    loss, grad = _grad(LossConfig(ppo=True), logp, nan, adv, _tensor(1, 1, 1))
+    assert loss == pytest.approx(-1 / 3)
+    assert_close(grad, _tensor(-1 / 3, -1 / 3, 1 / 3))
+    assert not torch.isnan(grad).any()
+
+
+def test_k3_kl_is_zero_when_equal_and_positive_otherwise() -> None:
+    logp = _tensor(-0.5, -1.0, -2.0)
+    assert_close(kl_k3(logp, logp), _tensor(0.0, 0.0, 0.0))
+    # ref - new = log 2: 2 - log 2 - 1;  ref - new = -log 2: 0.5 + log 2 - 1
+    kl = kl_k3(_tensor(0.0, 0.0), _tensor(math.log(2.0), -math.log(2.0)))
+    assert_close(kl, _tensor(1.0 - math.log(2.0), math.log(2.0) - 0.5))
+    assert (kl > 0).all()
+
+
+def test_kl_penalty_adds_beta_times_kl_to_the_loss() -> None:
+    config = LossConfig(ppo=True, beta=0.5)
+    new = _tensor(0.0, 0.0)
+    ref = _tensor(math.log(2.0), math.log(2.0))
+    mask = _tensor(1, 1)
+    result = grpo_loss(new, new.clone(), _tensor(1.0, 1.0), mask, config, ref)
+    assert result.kl is not None
+    assert float(result.kl) == pytest.approx(1.0 - math.log(2.0))
+    assert float(result.loss) == pytest.approx(-1.0 + 0.5 * (1.0 - math.log(2.0)))
+    assert grpo_loss(new, new, _tensor(1.0, 1.0), mask, LossConfig()).kl is None
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        grpo_loss(new, new, _tensor(1.0, 1.0), mask, config)
+
+
+def test_loss_config_reads_both_train_configs() -> None:
+    config = LossConfig.from_configs(
+        art.TrainConfig(learning_rate=1e-5, beta=0.1),
+        art.dev.TrainConfig(
+            ppo=True, epsilon=0.1, epsilon_high=0.28, importance_sampling_level="sequence"
+        ),
+    )
+    assert config == LossConfig(True, 0.1, 0.28, "sequence", 0.1)
+    assert (config.lower, config.upper) == (0.9, 1.28)
+    assert LossConfig(epsilon=0.2).upper == 1.2
