@@ -1,70 +1,150 @@
-"""`make demo`: the documented client loop on this machine.
+"""`make demo`: train the embedded default model with GRPO on this machine's CPU.
 
-Rollouts, grouping, exception counting and logging run for real against LocalBackend;
-training steps arrive with the LocalBackend trainer, and until then this demo stops
-after logging and says so.
+The task: answer small additions with the number alone. SmolLM2-135M-Instruct knows
+many of the sums but buries them in chatter; the reward pays 1.0 for the bare correct
+number and 0.5 for the correct number inside other text, so GRPO has something to
+learn from the first step. Held-out questions are answered greedily before and after
+training, and a plot of reward per step is written beside the run.
+
+    python examples/demo.py [--steps 16] [--path .art]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import random
-import tempfile
-
-from openai.types.chat.chat_completion import Choice
+import re
+import shutil
+import time
+from pathlib import Path
 
 import art
 from art.local import LocalBackend
 
-SCENARIOS = [(a, b) for a in range(2, 6) for b in range(3, 5)]
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SYSTEM = "You are a calculator. Reply with the number only."
+
+
+def questions(seed: int, count: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(count)]
+
+
+def reward(answer: str, expected: int) -> float:
+    """1.0 for the bare correct number, 0.5 for the correct number among other text."""
+    text = answer.strip().rstrip(".").strip()
+    if text == str(expected):
+        return 1.0
+    return 0.5 if str(expected) in re.findall(r"-?\d+", text) else 0.0
 
 
 async def rollout(
-    model: art.TrainableModel, scenario: tuple[int, int], rng: random.Random
+    model: art.TrainableModel, question: tuple[int, int], *, greedy: bool = False
 ) -> art.Trajectory:
-    a, b = scenario
+    a, b = question
     trajectory = art.Trajectory(
         messages_and_choices=[
-            {"role": "system", "content": "Answer with the number only."},
+            {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"What is {a} + {b}?"},
-        ]
+        ],
+        metadata={"question": f"{a}+{b}"},
     )
-    # A stand-in policy until the model is served: right about half the time.
-    guess = a + b + rng.choice([0, 0, 1, -1])
-    trajectory.messages_and_choices.append(
-        Choice.model_validate(
-            {
-                "index": 0,
-                "finish_reason": "stop",
-                "message": {"role": "assistant", "content": str(guess)},
-            }
-        )
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=trajectory.messages(),
+        max_tokens=20,
+        temperature=0.0 if greedy else 1.0,
     )
-    trajectory.reward = 1.0 if guess == a + b else 0.0
+    choice = completion.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    trajectory.reward = reward(choice.message.content or "", a + b)
     return trajectory
 
 
-async def main() -> None:
+async def held_out_reward(
+    model: art.TrainableModel, held_out: list[tuple[int, int]], label: str
+) -> float:
+    trajectories = await art.gather_trajectories(
+        (rollout(model, q, greedy=True) for q in held_out), pbar_desc=f"held-out ({label})"
+    )
+    await model.log([art.TrajectoryGroup(trajectories)], split="val")
+    return sum(t.reward for t in trajectories) / len(trajectories)
+
+
+def plot(history_path: Path, before: float, after: float, target: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in history_path.read_text().splitlines()]
+    train = [(row["step"], row["train/reward"]) for row in rows if "train/reward" in row]
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.plot(
+        [s for s, _ in train], [r for _, r in train], marker="o", label="training reward (sampled)"
+    )
+    axes.scatter(
+        [0, train[-1][0] + 1],
+        [before, after],
+        color="tab:red",
+        zorder=3,
+        label="held-out reward (greedy)",
+    )
+    axes.set(
+        xlabel="step", ylabel="reward", ylim=(0, 1), title="art demo: GRPO on SmolLM2-135M (CPU)"
+    )
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(target, dpi=120)
+
+
+async def main(steps: int, path: str, learning_rate: float) -> None:
+    started = time.monotonic()
+    run_dir = Path(path) / "art-demo" / "models" / "arithmetic"
+    if run_dir.exists():
+        print(f"starting the demo afresh: removing the previous run in {run_dir}")
+        shutil.rmtree(run_dir)
+    backend = LocalBackend(path=path)
+    model = art.TrainableModel(name="arithmetic", project="art-demo", base_model=BASE_MODEL)
+    print(f"loading {BASE_MODEL} (the first run converts the embedded GGUF, ~30 s)")
+    await model.register(backend)
+
+    held_out = questions(seed=1, count=32)
+    train_questions = questions(seed=2, count=256)
+    before = await held_out_reward(model, held_out, "before")
+    print(f"held-out reward before training: {before:.2f}")
+
     rng = random.Random(0)
-    with tempfile.TemporaryDirectory() as path:
-        model = art.TrainableModel(
-            name="demo", project="demo", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
-        )
-        await model.register(LocalBackend(path=path))
+    for step in range(await model.get_step(), steps):
+        batch = rng.sample(train_questions, 8)
         groups = await art.gather_trajectory_groups(
-            (art.TrajectoryGroup(rollout(model, s, rng) for _ in range(4)) for s in SCENARIOS),
-            pbar_desc="gather",
+            (art.TrajectoryGroup(rollout(model, q) for _ in range(8)) for q in batch),
+            pbar_desc=f"step {step + 1}/{steps}",
         )
-        await model.log(groups, split="train")
-        rewards = [t.reward for g in groups for t in g]
-        print(
-            f"logged {len(rewards)} trajectories in {len(groups)} groups, mean reward {sum(rewards) / len(rewards):.2f}"
-        )
-        try:
-            await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
-        except NotImplementedError as error:
-            print(f"training: {error}")
+        await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
+        rewards = [t.reward for group in groups for t in group]
+        print(f"step {step + 1}: reward {sum(rewards) / len(rewards):.2f}")
+
+    after = await held_out_reward(model, held_out, "after")
+    target = run_dir / "reward.png"
+    plot(run_dir / "history.jsonl", before, after, target)
+    await backend.close()
+    print(
+        f"held-out reward: {before:.2f} before, {after:.2f} after training ({after - before:+.2f}); "
+        f"{time.monotonic() - started:.0f}s in all. Plot: {target}"
+    )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=16, help="training steps (8 questions x 8 rollouts each)"
+    )
+    parser.add_argument("--path", default=".art", help="where the run is stored")
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.steps, arguments.path, arguments.learning_rate))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,6 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Tests never reach a hub or a tracking service, however pytest is started.
+for _name, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "WEAVE_DISABLED": "true",
+    "LANGFUSE_TRACING_ENABLED": "false",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}.items():
+    os.environ.setdefault(_name, _value)
 
 
 class _ChatServer(BaseHTTPRequestHandler):

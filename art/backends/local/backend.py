@@ -107,7 +107,8 @@ class LocalBackend:
         async with self._lock(model):
             if groups:
                 await asyncio.to_thread(store.write_trajectories, split, step, groups)
-            await asyncio.to_thread(store.append_history, step, metrics)
+            if metrics:
+                await asyncio.to_thread(store.append_history, step, metrics)
 
     async def train(
         self,

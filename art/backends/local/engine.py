@@ -249,7 +249,10 @@ class TransformersEngine:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            # An index tensor, not the int 1: the int slices a strided view of the hidden
+            # states, and torch's matmul of such a view with a weight that does not require
+            # grad (any PEFT-wrapped model) expands the whole LM head per row: 3x slower.
+            logits_to_keep=torch.tensor([longest - 1], device=device),
         )
         return _Batch(
             rows, cache, attention, positions[:, -1:] + 1, output.logits[:, -1, :].float()

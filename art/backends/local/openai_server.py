@@ -200,23 +200,32 @@ class _Job:
     prompt_ids: list[int]
     params: SamplingParams
     prefill: str  # assistant text forced before sampling (a required tool call)
-    parse_tools: bool
+    forced_tool: str | None  # the tool whose call the prefill opens
+    tool_names: tuple[str, ...]  # the tools offered (none: no tool calls are parsed)
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tool_names)
 
 
 def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
     tools = body.tools if body.tool_choice != "none" else None
     if tools and route.chat_template is None and "tools" not in str(route.tokenizer.chat_template):
         raise ApiError(400, "this model's chat template has no tool support", param="tools")
-    prefill = ""
-    if tools and body.tool_choice == "required":
-        prefill = "<tool_call>"
-    elif tools and isinstance(body.tool_choice, dict):
-        name = body.tool_choice.get("function", {}).get("name")
-        if name not in {tool["function"]["name"] for tool in tools}:
+    prefill, forced = "", None
+    names = [tool["function"]["name"] for tool in tools or []]
+    if tools and isinstance(body.tool_choice, dict):
+        forced = body.tool_choice.get("function", {}).get("name")
+        if forced not in names:
             raise ApiError(
-                400, f"tool_choice names {name!r}, which is not in tools", param="tool_choice"
+                400, f"tool_choice names {forced!r}, which is not in tools", param="tool_choice"
             )
-        prefill = '<tool_call>{"name": ' + json.dumps(name) + ', "arguments": '
+    elif tools and body.tool_choice == "required":
+        forced = names[0] if len(names) == 1 else None
+        prefill = "<tool_call>"
+    if forced is not None:
+        # The call is written up to its arguments; the model writes those.
+        prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": '
     try:
         text = render_prompt(route.tokenizer, body.messages, tools, route.chat_template)
     except Exception as error:  # a template that cannot render these messages
@@ -249,20 +258,37 @@ def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
         seed=body.seed,
         top_logprobs=body.top_logprobs or 0,
     )
-    return _Job(prompt_ids, params, prefill, parse_tools=bool(tools))
+    return _Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
 
 
 def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
     text = job.prefill + sample.text
     if not job.parse_tools:
         return {"role": "assistant", "content": text}, sample.finish_reason
-    if job.prefill.endswith('"arguments": ') and not text.rstrip().endswith("</tool_call>"):
-        text = text.rstrip() + "}</tool_call>"  # the forced call's closing brace, often left off
-    parsed = parse_tool_calls(text)
-    if not parsed.tool_calls:
-        return {"role": "assistant", "content": job.prefill + sample.text}, sample.finish_reason
-    calls = parsed.tool_calls if body.parallel_tool_calls else parsed.tool_calls[:1]
-    return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"
+    if job.forced_tool is not None:
+        calls, content = _forced_call(job.forced_tool, sample.text), None
+    else:
+        parsed = parse_tool_calls(text)
+        calls, content = parsed.tool_calls, parsed.content
+    if not calls or any(call["function"]["name"] not in job.tool_names for call in calls):
+        return {"role": "assistant", "content": text}, sample.finish_reason  # malformed: as text
+    calls = calls if body.parallel_tool_calls else calls[:1]
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
+def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
+    """The call whose arguments the model wrote after a forced `"arguments": ` prefill.
+
+    The first complete JSON object is the arguments; whatever follows is ignored.
+    """
+    try:
+        arguments, _ = json.JSONDecoder().raw_decode(arguments_text.lstrip())
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(arguments, dict):
+        return []
+    call = {"name": name, "arguments": arguments}
+    return parse_tool_calls(f"<tool_call>{json.dumps(call)}</tool_call>").tool_calls
 
 
 def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:

@@ -69,20 +69,21 @@ def add_adapter(
         target_modules=list(peft_args.target_modules),
         task_type="CAUSAL_LM",
     )
-    if isinstance(model, PeftModel):
-        if adapter_dir is not None:
-            model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=True)
-        else:
-            model.add_adapter(name, config)
-        return model
-    if adapter_dir is not None:
-        return PeftModel.from_pretrained(
-            model, str(adapter_dir), adapter_name=name, is_trainable=True
-        )
     with warnings.catch_warnings():
-        # peft calls a transformers method that transformers itself marks deprecated.
+        # peft reads a transformers property that transformers itself marks deprecated.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-        wrapped = get_peft_model(model, config, adapter_name=name)
+        if isinstance(model, PeftModel):
+            if adapter_dir is not None:
+                model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=True)
+            else:
+                model.add_adapter(name, config)
+            return model
+        if adapter_dir is not None:
+            wrapped = PeftModel.from_pretrained(
+                model, str(adapter_dir), adapter_name=name, is_trainable=True
+            )
+        else:
+            wrapped = get_peft_model(model, config, adapter_name=name)
     assert isinstance(wrapped, PeftModel)
     return wrapped
 

@@ -1,0 +1,600 @@
+"""LocalBackend against its peers, measured in one process and one run.
+
+1. Rollout throughput: completion tokens/s of the in-process LocalBackend through its
+   OpenAI-compatible endpoint (`model.openai_client()`), with 1 request at a time and
+   with `--concurrency` requests in a closed loop, against Hugging Face `model.generate`
+   on the same weights and dtype, one sequence at a time and as one left-padded batch.
+2. GRPO step time: wall seconds per step of the same work, P prompts x G generations of
+   `examples/demo.py`'s arithmetic task, LoRA r=8 on art's default target modules:
+   `art.gather_trajectory_groups` + `model.train` against TRL's `GRPOTrainer`.
+
+    python benchmarks/local_backend.py            # the full run (~10 minutes on 2 cores)
+    python benchmarks/local_backend.py --quick    # a tiny smoke setting (~2 minutes)
+
+Every number is printed beside its peer's and the ratio; benchmarks/README.md says
+what each one means. TRL comes from the `bench` extra:
+`pip install -c constraints.txt -e '.[bench]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import itertools
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# Set before the Hugging Face libraries are imported: they read these on import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import torch
+
+import art
+from art.backends.local import models
+from art.backends.local.chat_format import render_prompt, tool_template_for
+from art.backends.local.service import _stop_token_ids  # the engine's own stop rule
+from art.core.dev import PeftArgs
+from art.core.gather import completion_tokens
+from art.local import LocalBackend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Open-ended requests, so most completions run to max_tokens and the decode loop, not
+# the HTTP round trip, is what is measured. Ours and both peers cycle through the same list.
+THROUGHPUT_PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a rainbow forms.",
+    "Describe your ideal weekend in detail.",
+    "Give me a recipe for pancakes.",
+    "Why is the sky blue? Explain it to a child.",
+    "Write a poem about the ocean.",
+    "What are the benefits of learning a second language?",
+    "Describe the water cycle step by step.",
+    "Tell me about the history of bicycles.",
+    "How do airplanes stay in the air?",
+    "Write a letter to a friend you have not seen in years.",
+    "What makes a good teacher?",
+    "Describe a busy market in a big city.",
+    "Explain what a computer program is.",
+    "Write a short dialogue between a cat and a dog.",
+    "What should I pack for a week of hiking?",
+    "Describe how bread is made.",
+    "Why do leaves change color in autumn?",
+    "Write a product description for a new kind of umbrella.",
+    "Explain the rules of chess briefly.",
+    "Tell a story about a robot who learns to paint.",
+    "What are some ways to save energy at home?",
+    "Describe the planets of the solar system.",
+    "Write a motivational speech for a sports team.",
+    "How does a library organize its books?",
+    "Describe a thunderstorm from the point of view of a bird.",
+    "What are the main parts of a flower?",
+    "Write instructions for planting a tree.",
+    "Explain why exercise is good for health.",
+    "Describe the perfect cup of tea.",
+    "Tell me a fairy tale about a brave mouse.",
+    "What happens when water freezes?",
+]
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    """What one run measures."""
+
+    base_model: str = models.DEFAULT_MODEL  # served, trained and given to both peers
+    parts: tuple[str, ...] = ("rollout", "grpo")  # which halves to run
+    # --- rollout throughput ---
+    concurrency: int = 32  # concurrent requests of the closed loop, and the peer's batch size
+    max_tokens: int = 64  # completion tokens per request (fewer where the model stops)
+    seconds: float = 30.0  # measured wall time of each throughput measurement
+    warmup_seconds: float = 5.0  # unmeasured time before each throughput measurement
+    # --- GRPO step ---
+    prompts: int = 8  # P: arithmetic questions per step (the same ones every step)
+    generations: int = 8  # G: rollouts per question
+    max_completion_tokens: int = 24  # completion length limit of each rollout
+    learning_rate: float = 2e-4
+    warmup_steps: int = 1  # untimed steps before the timed ones, for both trainers
+    steps: int = 3  # timed steps
+    seed: int = 0
+
+
+QUICK = BenchArgs(max_tokens=32, seconds=4.0, warmup_seconds=1.0, prompts=2, steps=1)
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Completion tokens per second of one throughput measurement."""
+
+    tokens_per_s: float
+    requests: int  # completed requests (sequences) that overlap the measured window
+    mean_tokens: float  # completion tokens per request, the stop token included
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Wall seconds of the timed GRPO steps, and what happened in them."""
+
+    seconds: list[float]
+    generate_seconds: list[float]  # of those, time spent sampling the rollouts
+    mean_completion_tokens: float
+    mean_reward: float
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.seconds)
+
+
+# --- the task shared by both GRPO trainers -----------------------------------------------
+
+
+def _demo() -> ModuleType:
+    """`examples/demo.py`, for its system prompt and reward function."""
+    spec = importlib.util.spec_from_file_location("art_demo", ROOT / "examples" / "demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _questions(args: BenchArgs) -> list[tuple[int, int]]:
+    rng = random.Random(args.seed)
+    return [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(args.prompts)]
+
+
+def _arithmetic_messages(system: str, a: int, b: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"What is {a} + {b}?"},
+    ]
+
+
+# --- rollout throughput ----------------------------------------------------------------------
+
+
+async def ours_throughput(
+    model: art.TrainableModel, args: BenchArgs, concurrency: int
+) -> Throughput:
+    """A closed loop: `concurrency` workers, each sending its next request when one returns.
+
+    Each completed request counts its tokens in proportion to the part of its duration
+    inside the measured window, so requests straddling either edge count fairly.
+    """
+    client = model.openai_client()
+    prompts = itertools.cycle(THROUGHPUT_PROMPTS)
+    records: list[tuple[float, float, int]] = []  # (start, end, completion tokens)
+    started = time.perf_counter()
+    window_start = started + args.warmup_seconds
+    window_end = window_start + args.seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < window_end:
+            begin = time.perf_counter()
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(),
+                messages=[{"role": "user", "content": next(prompts)}],
+                max_tokens=args.max_tokens,
+                temperature=1.0,
+            )
+            assert completion.usage is not None
+            records.append((begin, time.perf_counter(), completion.usage.completion_tokens))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    tokens = 0.0
+    counted: list[int] = []
+    for begin, end, count in records:
+        overlap = min(end, window_end) - max(begin, window_start)
+        if overlap > 0:
+            tokens += count * overlap / (end - begin)
+            counted.append(count)
+    return Throughput(tokens / args.seconds, len(counted), statistics.fmean(counted))
+
+
+def generate_throughput(
+    hf_model: Any, tokenizer: Any, prompt_ids: list[list[int]], args: BenchArgs, batch: int
+) -> Throughput:
+    """Plain `model.generate`, `batch` left-padded sequences per call, calls back to back."""
+    from transformers import GenerationConfig
+
+    stop = sorted(_stop_token_ids(hf_model, tokenizer))
+    pad = tokenizer.pad_token_id
+    config = GenerationConfig(
+        max_new_tokens=args.max_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,  # transformers samples from the top 50 unless told otherwise; we never filter
+        top_p=1.0,
+        eos_token_id=stop,
+        pad_token_id=pad,
+    )
+    calls = itertools.count()
+
+    def call() -> list[int]:
+        index = next(calls)
+        rows = [prompt_ids[(index * batch + i) % len(prompt_ids)] for i in range(batch)]
+        longest = max(len(row) for row in rows)
+        input_ids = torch.full((batch, longest), pad, dtype=torch.long)
+        attention = torch.zeros((batch, longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, longest - len(row) :] = torch.tensor(row)
+            attention[i, longest - len(row) :] = 1
+        with torch.inference_mode():
+            output = hf_model.generate(
+                input_ids=input_ids, attention_mask=attention, generation_config=config
+            )
+        counts = []
+        for row in output[:, longest:].tolist():
+            ends = [i for i, token in enumerate(row) if token in stop]
+            counts.append(ends[0] + 1 if ends else len(row))  # the stop token counts, as ours
+        return counts
+
+    deadline = time.perf_counter() + args.warmup_seconds
+    while True:
+        call()
+        if time.perf_counter() >= deadline:
+            break
+    counts: list[int] = []
+    started = time.perf_counter()
+    while True:
+        counts += call()
+        elapsed = time.perf_counter() - started
+        if elapsed >= args.seconds:
+            break
+    return Throughput(sum(counts) / elapsed, len(counts), statistics.fmean(counts))
+
+
+async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, Throughput]:
+    print("rollout throughput: ours @1 ...", flush=True)
+    results = {"ours@1": await ours_throughput(model, args, 1)}
+    print(f"rollout throughput: ours @{args.concurrency} ...", flush=True)
+    results[f"ours@{args.concurrency}"] = await ours_throughput(model, args, args.concurrency)
+
+    # The peer: the same weights and dtype, loaded as the service loads them, with the
+    # prompts rendered and tokenized exactly as the endpoint does.
+    hf_model, tokenizer = models.load(models.resolve(args.base_model))
+    template = tool_template_for(tokenizer)
+    prompt_ids = [
+        tokenizer(
+            render_prompt(tokenizer, [{"role": "user", "content": p}], None, template),
+            add_special_tokens=False,
+        ).input_ids
+        for p in THROUGHPUT_PROMPTS
+    ]
+    torch.manual_seed(args.seed)
+    print("rollout throughput: HF generate @1 ...", flush=True)
+    results["generate@1"] = generate_throughput(hf_model, tokenizer, prompt_ids, args, 1)
+    print(f"rollout throughput: HF generate batch @{args.concurrency} ...", flush=True)
+    results[f"generate-batch@{args.concurrency}"] = generate_throughput(
+        hf_model, tokenizer, prompt_ids, args, args.concurrency
+    )
+    return results
+
+
+# --- GRPO step ---------------------------------------------------------------------------------
+
+
+async def ours_grpo(model: art.TrainableModel, args: BenchArgs, demo: ModuleType) -> StepTimes:
+    """One step = gather P groups x G rollouts through the endpoint + `model.train`."""
+    client = model.openai_client()
+    questions = _questions(args)
+
+    async def rollout(a: int, b: int) -> art.Trajectory:
+        trajectory = art.Trajectory(messages_and_choices=_arithmetic_messages(demo.SYSTEM, a, b))
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=trajectory.messages(),
+            max_tokens=args.max_completion_tokens,
+            temperature=1.0,
+        )
+        choice = completion.choices[0]
+        trajectory.messages_and_choices.append(choice)
+        trajectory.reward = demo.reward(choice.message.content or "", a + b)
+        return trajectory
+
+    seconds: list[float] = []
+    generate_seconds: list[float] = []
+    tokens: list[float] = []
+    rewards: list[float] = []
+    for step in range(args.warmup_steps + args.steps):
+        started = time.perf_counter()
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup(rollout(a, b) for _ in range(args.generations))
+                for a, b in questions
+            ),
+            pbar_desc=None,
+        )
+        gathered = time.perf_counter()
+        await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+        finished = time.perf_counter()
+        label = "warmup" if step < args.warmup_steps else "timed"
+        print(f"  ours step {step + 1} ({label}): {finished - started:.1f}s", flush=True)
+        if step >= args.warmup_steps:
+            seconds.append(finished - started)
+            generate_seconds.append(gathered - started)
+            trajectories = [t for group in groups for t in group.trajectories]
+            tokens += [float(completion_tokens(t)) for t in trajectories]
+            rewards += [t.reward for t in trajectories]
+    return StepTimes(seconds, generate_seconds, statistics.fmean(tokens), statistics.fmean(rewards))
+
+
+def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str) -> StepTimes:
+    """TRL's GRPOTrainer on the same prompts, reward, LoRA, learning rate and dtype."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class StepClock(TrainerCallback):
+        """Wall time at the start of training and at the end of every optimizer step."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_begin(self, *_: Any, **__: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            self.marks.append(time.perf_counter())
+            print(f"  TRL step {len(self.marks) - 1}: {self.marks[-1] - self.marks[-2]:.1f}s")
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer, unchanged, with the time of each sampling call recorded."""
+
+        generate_seconds: list[float]
+
+        def _generate_single_turn(self, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*a, **kw)
+            finally:
+                self.generate_seconds.append(time.perf_counter() - started)
+
+    def reward(
+        completions: list[list[dict[str, str]]], expected: list[int], **_: Any
+    ) -> list[float]:
+        return [demo.reward(c[0]["content"], e) for c, e in zip(completions, expected, strict=True)]
+
+    questions = _questions(args)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": _arithmetic_messages(demo.SYSTEM, a, b), "expected": a + b}
+            for a, b in questions
+        ]
+    )
+    peft = PeftArgs()
+    config = GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=True,
+        bf16=dtype == torch.bfloat16,
+        # One optimizer step = P prompts x G generations, sampled in one `generate` call
+        # and trained G sequences per forward/backward (ours: 8 per micro-batch).
+        num_generations=args.generations,
+        per_device_train_batch_size=args.generations,
+        gradient_accumulation_steps=args.prompts,
+        max_steps=args.warmup_steps + args.steps,
+        max_completion_length=args.max_completion_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        use_vllm=False,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        # As ours: AdamW(0.9, 0.99), no weight decay, grad norm clipped at 1, no KL term,
+        # CISPO's token-level loss (TRL's epsilon_high is the ratio's cap, ours 1 + 0.2).
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="cispo",
+        epsilon_high=1.2,
+        scale_rewards="group",
+        # TRL turns gradient checkpointing on by default; ours does not checkpoint.
+        gradient_checkpointing=False,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=args.seed,
+    )
+    hf_model, tokenizer = models.load(models.resolve(args.base_model))
+    clock = StepClock()
+    trainer = TimedGRPOTrainer(
+        model=hf_model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(
+            r=peft.r,
+            lora_alpha=peft.lora_alpha,
+            lora_dropout=peft.lora_dropout,
+            target_modules=list(peft.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+        callbacks=[clock],
+    )
+    trainer.generate_seconds = []
+    # Sampling runs through `model.generate` on the CPU: no vLLM, no accelerator.
+    assert trainer.accelerator.device.type == "cpu"
+    assert not trainer.use_vllm
+    assert not trainer.use_transformers_continuous_batching
+    trainer.train()
+    durations = [end - begin for begin, end in itertools.pairwise(clock.marks)]
+    metrics = trainer._metrics["train"]
+    timed = slice(args.warmup_steps, None)
+    return StepTimes(
+        durations[timed],
+        trainer.generate_seconds[timed],
+        statistics.fmean(metrics["completions/mean_length"][timed]),
+        statistics.fmean(metrics["reward"][timed]),
+    )
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return (
+        f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
+        f"torch {torch.__version__}"
+    )
+
+
+def _ratio_line(label: str, ratio: float, bar: str = "", passed: bool | None = None) -> str:
+    verdict = "" if passed is None else ("  PASS" if passed else "  FAIL")
+    return f"  {label:<34} {ratio:>7.2f}x  {bar}{verdict}"
+
+
+def report(
+    args: BenchArgs,
+    dtype: torch.dtype,
+    rollout: dict[str, Throughput] | None,
+    ours: StepTimes | None,
+    trl: StepTimes | None,
+) -> None:
+    print()
+    print(f"machine: {machine()}")
+    print(f"model:   {args.base_model}, dtype {str(dtype).removeprefix('torch.')}")
+    if rollout is not None:
+        c = args.concurrency
+        print()
+        print(
+            f"rollout throughput: completion tokens/s, temperature 1.0, max_tokens "
+            f"{args.max_tokens}, {args.seconds:g}s measured after {args.warmup_seconds:g}s warmup"
+        )
+        print(f"  {'':<34} {'tokens/s':>9} {'requests':>9} {'tokens/request':>15}")
+        names = {
+            "ours@1": "ours @1 (sequential requests)",
+            f"ours@{c}": f"ours @{c} (closed loop)",
+            "generate@1": "HF generate @1",
+            f"generate-batch@{c}": f"HF generate batch @{c} (left pad)",
+        }
+        for key, name in names.items():
+            result = rollout[key]
+            print(
+                f"  {name:<34} {result.tokens_per_s:>9.1f} {result.requests:>9d} "
+                f"{result.mean_tokens:>15.1f}"
+            )
+        tps = {key: result.tokens_per_s for key, result in rollout.items()}
+        ours_c = tps[f"ours@{c}"] / tps["generate@1"]
+        print(_ratio_line(f"ours@{c} / generate@1", ours_c, "(bar >= 8x)", ours_c >= 8))
+        print(_ratio_line("ours@1 / generate@1", tps["ours@1"] / tps["generate@1"]))
+        print(
+            _ratio_line(
+                f"ours@{c} / generate-batch@{c}", tps[f"ours@{c}"] / tps[f"generate-batch@{c}"]
+            )
+        )
+    if ours is not None and trl is not None:
+        print()
+        print(
+            f"GRPO step: {args.prompts} prompts x {args.generations} generations, "
+            f"max {args.max_completion_tokens} tokens, LoRA r={PeftArgs().r}, lr "
+            f"{args.learning_rate:g}; {args.warmup_steps} warmup + {args.steps} timed steps"
+        )
+        print(
+            f"  {'':<10} {'s/step':>8} {'min':>7} {'max':>7} {'sampling s':>11} "
+            f"{'tokens/rollout':>15} {'reward':>7}"
+        )
+        for name, times in (("ours", ours), ("TRL", trl)):
+            print(
+                f"  {name:<10} {times.mean:>8.2f} {min(times.seconds):>7.2f} "
+                f"{max(times.seconds):>7.2f} {statistics.fmean(times.generate_seconds):>11.2f} "
+                f"{times.mean_completion_tokens:>15.1f} {times.mean_reward:>7.2f}"
+            )
+        ratio = ours.mean / trl.mean
+        print(_ratio_line("ours / TRL seconds per step", ratio, "(bar <= 1x)", ratio <= 1))
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+async def run(args: BenchArgs) -> None:
+    dtype = models.torch_dtype("auto")
+    demo = _demo()
+    rollout: dict[str, Throughput] | None = None
+    ours: StepTimes | None = None
+    trl: StepTimes | None = None
+    with tempfile.TemporaryDirectory(prefix="art-bench-") as path:
+        backend = LocalBackend(in_process=True, path=path)
+        try:
+            print(f"loading {args.base_model} into LocalBackend(in_process=True) ...", flush=True)
+            model = art.TrainableModel(name="bench", project="bench", base_model=args.base_model)
+            await model.register(backend)
+            if "rollout" in args.parts:
+                rollout = await rollout_part(model, args)
+            if "grpo" in args.parts:
+                print("GRPO step: ours ...", flush=True)
+                ours = await ours_grpo(model, args, demo)
+        finally:
+            await backend.close()
+        if "grpo" in args.parts:
+            print("GRPO step: TRL GRPOTrainer ...", flush=True)
+            trl = trl_grpo(args, demo, dtype, str(Path(path) / "trl"))
+    report(args, dtype, rollout, ours, trl)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BenchArgs:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny smoke setting (each option's default under --quick is in its help)",
+    )
+    parser.add_argument("--parts", nargs="+", choices=("rollout", "grpo"))
+    defaults = BenchArgs()
+    options: dict[str, Callable[[str], Any]] = {
+        "base_model": str,
+        "concurrency": int,
+        "max_tokens": int,
+        "seconds": float,
+        "warmup_seconds": float,
+        "prompts": int,
+        "generations": int,
+        "max_completion_tokens": int,
+        "learning_rate": float,
+        "warmup_steps": int,
+        "steps": int,
+        "seed": int,
+    }
+    for name, kind in options.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            help=f"default {getattr(defaults, name)} ({getattr(QUICK, name)} with --quick)",
+        )
+    parsed = parser.parse_args(argv)
+    args = QUICK if parsed.quick else defaults
+    given = {name: getattr(parsed, name) for name in options if getattr(parsed, name) is not None}
+    if parsed.parts:
+        given["parts"] = tuple(parsed.parts)
+    return replace(args, **given)
+
+
+if __name__ == "__main__":
+    asyncio.run(run(parse_args()))
