@@ -99,6 +99,7 @@ class BenchArgs:
     max_tokens: int = 64  # completion tokens per request (fewer where the model stops)
     seconds: float = 30.0  # measured wall time of each throughput measurement
     warmup_seconds: float = 5.0  # unmeasured time before each throughput measurement
+    serve_base: bool = False  # request the base model (adapter off), not the trainable one
     # --- GRPO step ---
     prompts: int = 8  # P: arithmetic questions per step (the same ones every step)
     generations: int = 8  # G: rollouts per question
@@ -175,6 +176,9 @@ async def ours_throughput(
     inside the measured window, so requests straddling either edge count fairly.
     """
     client = model.openai_client()
+    # The trainable model's name serves its LoRA adapter, as rollouts use it; the base
+    # model's name serves the same weights with the adapter switched off, as the peer has.
+    served = args.base_model if args.serve_base else model.get_inference_name()
     prompts = itertools.cycle(THROUGHPUT_PROMPTS)
     records: list[tuple[float, float, int]] = []  # (start, end, completion tokens)
     started = time.perf_counter()
@@ -185,7 +189,7 @@ async def ours_throughput(
         while time.perf_counter() < window_end:
             begin = time.perf_counter()
             completion = await client.chat.completions.create(
-                model=model.get_inference_name(),
+                model=served,
                 messages=[{"role": "user", "content": next(prompts)}],
                 max_tokens=args.max_tokens,
                 temperature=1.0,
@@ -336,21 +340,33 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
     """TRL's GRPOTrainer on the same prompts, reward, LoRA, learning rate and dtype."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     class StepClock(TrainerCallback):
-        """Wall time at the start of training and at the end of every optimizer step."""
+        """At the start of training and the end of each optimizer step: the wall time, and
+        the step's mean completion length and reward (read before TRL averages and clears
+        its metrics, which it does whenever it logs)."""
 
         def __init__(self) -> None:
             self.marks: list[float] = []
+            self.lengths: list[float] = []
+            self.rewards: list[float] = []
+            self.metrics: dict[str, list[float]] = {}  # the trainer's own, set once it exists
 
         def on_train_begin(self, *_: Any, **__: Any) -> None:
             self.marks.append(time.perf_counter())
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.marks.append(time.perf_counter())
-            print(f"  TRL step {len(self.marks) - 1}: {self.marks[-1] - self.marks[-2]:.1f}s")
+            self.lengths.append(self.metrics["completions/mean_length"][-1])
+            self.rewards.append(self.metrics["reward"][-1])
+            label = "warmup" if len(self.marks) - 1 <= args.warmup_steps else "timed"
+            print(
+                f"  TRL step {len(self.marks) - 1} ({label}): "
+                f"{self.marks[-1] - self.marks[-2]:.1f}s",
+                flush=True,
+            )
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer, unchanged, with the time of each sampling call recorded."""
@@ -431,19 +447,19 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
         callbacks=[clock],
     )
     trainer.generate_seconds = []
+    trainer.remove_callback(PrinterCallback)  # it would print the end-of-training log
+    clock.metrics = trainer._metrics["train"]
     # Sampling runs through `model.generate` on the CPU: no vLLM, no accelerator.
     assert trainer.accelerator.device.type == "cpu"
     assert not trainer.use_vllm
     assert not trainer.use_transformers_continuous_batching
     trainer.train()
-    durations = [end - begin for begin, end in itertools.pairwise(clock.marks)]
-    metrics = trainer._metrics["train"]
     timed = slice(args.warmup_steps, None)
     return StepTimes(
-        durations[timed],
+        [end - begin for begin, end in itertools.pairwise(clock.marks)][timed],
         trainer.generate_seconds[timed],
-        statistics.fmean(metrics["completions/mean_length"][timed]),
-        statistics.fmean(metrics["reward"][timed]),
+        statistics.fmean(clock.lengths[timed]),
+        statistics.fmean(clock.rewards[timed]),
     )
 
 
@@ -466,7 +482,7 @@ def machine() -> str:
 
 def _ratio_line(label: str, ratio: float, bar: str = "", passed: bool | None = None) -> str:
     verdict = "" if passed is None else ("  PASS" if passed else "  FAIL")
-    return f"  {label:<34} {ratio:>7.2f}x  {bar}{verdict}"
+    return f"  {label:<34} {ratio:>7.2f}x  {bar}{verdict}".rstrip()
 
 
 def report(
@@ -486,6 +502,8 @@ def report(
             f"rollout throughput: completion tokens/s, temperature 1.0, max_tokens "
             f"{args.max_tokens}, {args.seconds:g}s measured after {args.warmup_seconds:g}s warmup"
         )
+        served = "base model, adapter off" if args.serve_base else "trainable model, LoRA on"
+        print(f"  ours serves the {served}; the peer runs the base model")
         print(f"  {'':<34} {'tokens/s':>9} {'requests':>9} {'tokens/request':>15}")
         names = {
             "ours@1": "ours @1 (sequential requests)",
@@ -534,6 +552,11 @@ def report(
 
 async def run(args: BenchArgs) -> None:
     dtype = models.torch_dtype("auto")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5:
+        # On a shared CPU the numbers are noise, and torch's spinning worker threads can
+        # make them far worse (OMP_NUM_THREADS=1 keeps a smoke run usable there).
+        print(f"warning: load average {load:.1f} before the run: other work shares this CPU")
     demo = _demo()
     rollout: dict[str, Throughput] | None = None
     ours: StepTimes | None = None
@@ -567,6 +590,11 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchArgs:
         help="a tiny smoke setting (each option's default under --quick is in its help)",
     )
     parser.add_argument("--parts", nargs="+", choices=("rollout", "grpo"))
+    parser.add_argument(
+        "--serve-base",
+        action="store_true",
+        help="rollout throughput of the base model (LoRA adapter off), as the peer runs it",
+    )
     defaults = BenchArgs()
     options: dict[str, Callable[[str], Any]] = {
         "base_model": str,
@@ -593,6 +621,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchArgs:
     given = {name: getattr(parsed, name) for name in options if getattr(parsed, name) is not None}
     if parsed.parts:
         given["parts"] = tuple(parsed.parts)
+    if parsed.serve_base:
+        given["serve_base"] = True
     return replace(args, **given)
 
 

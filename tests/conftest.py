@@ -101,8 +101,9 @@ def art_path(tmp_path: Path) -> Path:
 def default_model() -> tuple[Any, Any]:
     """The embedded default model and its tokenizer, loaded once (converted from GGUF on first use).
 
-    Session-wide and shared: a test that wraps the model (LoRA) must wrap a copy.
+    Session-wide and shared: a test that wraps the model (LoRA) must wrap a copy. fp32, so
+    tests can compare numbers tightly whatever dtype the hardware would pick.
     """
     from art.backends.local.models import DEFAULT_MODEL, load, resolve
 
-    return load(resolve(DEFAULT_MODEL))
+    return load(resolve(DEFAULT_MODEL), "float32")
