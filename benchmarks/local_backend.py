@@ -562,9 +562,12 @@ async def run(args: BenchArgs) -> None:
     ours: StepTimes | None = None
     trl: StepTimes | None = None
     with tempfile.TemporaryDirectory(prefix="art-bench-") as path:
-        backend = LocalBackend(in_process=True, path=path)
+        backend = LocalBackend(path=path)  # the default: the model service in its own process
         try:
-            print(f"loading {args.base_model} into LocalBackend(in_process=True) ...", flush=True)
+            print(
+                f"loading {args.base_model} into LocalBackend (model service in a child process) ...",
+                flush=True,
+            )
             model = art.TrainableModel(name="bench", project="bench", base_model=args.base_model)
             await model.register(backend)
             if "rollout" in args.parts:

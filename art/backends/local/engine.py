@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
+_MAX_WAIT_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class TransformersEngine:
         self._held: list[_Request] = []  # taken from the queue, not yet admitted
         self._pausing = threading.Event()
         self._closed = False
+        self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._worker.start()
 
@@ -208,6 +210,9 @@ class TransformersEngine:
             return []
         if running and any(request.adapter != adapter for request in self._held):
             return []  # drain, then serve the other adapter's requests
+        if running and not self._worth_a_prefill(adapter, running):
+            return []
+        self._waited_steps = 0
         admitted: list[_Request] = []
         size = running
         for request in list(self._held):
@@ -219,6 +224,24 @@ class TransformersEngine:
             self._held.remove(request)
             size += request.n
         return admitted
+
+    def _worth_a_prefill(self, adapter: str | None, running: int) -> bool:
+        """Whether to pause the running rows for a prefill of the waiting requests now.
+
+        Every prefill costs the running rows a model call's fixed overhead, so waiting
+        requests are gathered until they fill half the free slots, the batch runs low,
+        or they have waited `_MAX_WAIT_STEPS` decode steps.
+        """
+        waiting = sum(request.n for request in self._held if request.adapter == adapter)
+        if not waiting:
+            return False
+        self._waited_steps += 1
+        free = self.max_num_seqs - running
+        return (
+            waiting >= max(1, free // 2)
+            or running < self.max_num_seqs // 4
+            or self._waited_steps > _MAX_WAIT_STEPS
+        )
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
         from transformers import DynamicCache
