@@ -421,5 +421,10 @@ async def test_an_unknown_base_model_fails_at_register(tmp_path: Path) -> None:
         offline = art.TrainableModel(name="m3", project="p", base_model="nobody/no-such-model-xyz")
         with pytest.raises(art.ConfigError, match="cannot load"):
             await offline.register(backend)
+        # Nothing was recorded, so the corrected registration is not a "changed base model".
+        assert not (tmp_path / "p" / "models" / "m3" / "model.json").exists()
+        fixed = art.TrainableModel(name="m3", project="p", base_model=BASE)
+        await fixed.register(backend)
+        assert await fixed.get_step() == 0
     finally:
         await backend.close()

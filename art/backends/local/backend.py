@@ -83,13 +83,15 @@ class LocalBackend:
                 f"{existing.get('base_model')!r}, not {record.get('base_model')!r}",
                 "Give the new run its own name, or keep the original base_model",
             )
+        endpoint = None
+        if isinstance(model, TrainableModel):
+            # Loaded before model.json is written: a base model that cannot be loaded must
+            # not leave a record that the corrected registration would then conflict with.
+            served = await asyncio.to_thread(self._model_service().register, record)
+            endpoint = InferenceEndpoint(base_url=served["base_url"], api_key=served["api_key"])
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
-        if not isinstance(model, TrainableModel):
-            return None
-        service = self._model_service()
-        endpoint = await asyncio.to_thread(service.register, record)
-        return InferenceEndpoint(base_url=endpoint["base_url"], api_key=endpoint["api_key"])
+        return endpoint
 
     async def get_step(self, model: Model) -> int:
         return await asyncio.to_thread(self._store(model).step)

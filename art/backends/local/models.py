@@ -144,7 +144,9 @@ def load(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the base weights and tokenizer of `resolved` (no adapter)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # noise in a log
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.weights)
         model = AutoModelForCausalLM.from_pretrained(resolved.weights, dtype=torch_dtype(dtype))
