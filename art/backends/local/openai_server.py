@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,14 +57,14 @@ class Route:
     context_length: int
 
 
-class Router:
-    """Maps model names to routes; implemented by the model service."""
+class Router(Protocol):
+    """Maps model names to routes (the model service is one)."""
 
     def route(self, model: str) -> Route:
-        raise NotImplementedError
+        """The route for `model`; KeyError with a message naming what exists if none."""
+        ...
 
-    def model_names(self) -> list[str]:
-        raise NotImplementedError
+    def model_names(self) -> list[str]: ...
 
 
 class ChatCompletionRequest(BaseModel):

@@ -31,7 +31,7 @@ from ...core.types import TrainConfig
 from . import models
 from .chat_format import tool_template_for
 from .engine import TransformersEngine
-from .openai_server import Route, Router, build_app
+from .openai_server import Route, build_app
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
 
@@ -48,6 +48,10 @@ class _Base:
     lock: threading.Lock
     engine: TransformersEngine | None = None
     checkpoints: OrderedDict[str, Path] = field(default_factory=OrderedDict)
+
+    def exclusive(self) -> contextlib.AbstractContextManager[Any]:
+        """Sole use of the model: the engine stops admitting requests and drains first."""
+        return self.engine.paused() if self.engine is not None else self.lock
 
     def select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         if adapter is None:
@@ -79,7 +83,7 @@ class _Trained:
         config_path.write_text(json.dumps(config, indent=2))
 
 
-class ModelService(Router):
+class ModelService:
     """Serves and trains the trainable models of one LocalBackend (`path`)."""
 
     def __init__(self, path: str) -> None:
@@ -127,7 +131,7 @@ class ModelService(Router):
             store.checkpoint_dir(step) if store.checkpoint_steps() else resolved.adapter_dir
         )
         adapter = _adapter_name(record["name"], len(self._models))
-        with base.lock:
+        with base.exclusive():
             base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
             base.model.set_adapter(adapter)
             trainer = PeftTrainer(
@@ -203,7 +207,7 @@ class ModelService(Router):
         trained = self._models[f"{project}/{name}"]
         groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
         base = trained.base
-        with base.lock:
+        with base.exclusive():
             base.model.set_adapter(trained.adapter)
             metrics: dict[str, float] = trained.trainer.step(
                 groups,
@@ -239,7 +243,7 @@ class ModelService(Router):
     def _checkpoint_adapter(self, trained: _Trained, step: int) -> str:
         base = trained.base
         adapter = f"{trained.adapter}_step{step}"
-        with base.lock:
+        with base.exclusive():
             if adapter in base.checkpoints:
                 base.checkpoints.move_to_end(adapter)
                 return adapter
