@@ -44,6 +44,7 @@ import art
 from art.backends.local import models
 from art.backends.local.chat_format import render_prompt, tool_template_for
 from art.backends.local.service import _stop_token_ids  # the engine's own stop rule
+from art.backends.local.trainer import lora_config
 from art.core.dev import PeftArgs
 from art.core.gather import completion_tokens
 from art.local import LocalBackend
@@ -339,7 +340,6 @@ async def ours_grpo(model: art.TrainableModel, args: BenchArgs, demo: ModuleType
 def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str) -> StepTimes:
     """TRL's GRPOTrainer on the same prompts, reward, LoRA, learning rate and dtype."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -437,13 +437,7 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=LoraConfig(
-            r=peft.r,
-            lora_alpha=peft.lora_alpha,
-            lora_dropout=peft.lora_dropout,
-            target_modules=list(peft.target_modules),
-            task_type="CAUSAL_LM",
-        ),
+        peft_config=lora_config(peft),  # exactly the adapter art trains
         callbacks=[clock],
     )
     trainer.generate_seconds = []

@@ -225,16 +225,16 @@ class ModelService:
         for base in self._bases.values():
             if model == base.name:
                 return self._route(base, None)
-        name, _, step_text = model.rpartition("@") if "@" in model else (model, "", "")
+        name, _, step_text = model.partition("@")  # model names cannot contain '@'
+        step = int(step_text) if step_text.isdigit() else None
         matches = [t for t in self._models.values() if t.name == name]
         if not matches:
             raise KeyError(
                 f"unknown model {model!r}; this endpoint serves {', '.join(self.model_names())}"
             )
         trained = matches[0]
-        if not step_text or int_or_none(step_text) == trained.store.step():
+        if not step_text or step == trained.store.step():
             return self._route(trained.base, trained.adapter)
-        step = int_or_none(step_text)
         if step is None or step not in trained.store.checkpoint_steps():
             steps = ", ".join(str(s) for s in trained.store.checkpoint_steps())
             raise KeyError(f"model {name!r} has no checkpoint {step_text!r}; it has steps {steps}")
@@ -264,10 +264,6 @@ class ModelService:
             names.append(trained.name)
             names.extend(f"{trained.name}@{step}" for step in trained.store.checkpoint_steps())
         return names
-
-
-def int_or_none(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
 
 
 def _adapter_name(model_name: str, index: int) -> str:

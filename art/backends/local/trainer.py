@@ -44,6 +44,17 @@ def create_peft_model(
     return add_adapter(base_model, "default", peft_args, adapter_dir)
 
 
+def lora_config(peft_args: dev.PeftArgs) -> LoraConfig:
+    """PEFT's LoRA config for `peft_args`."""
+    return LoraConfig(
+        r=peft_args.r,
+        lora_alpha=peft_args.lora_alpha,
+        lora_dropout=peft_args.lora_dropout,
+        target_modules=list(peft_args.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
 def add_adapter(
     model: PreTrainedModel | PeftModel,
     name: str,
@@ -62,13 +73,7 @@ def add_adapter(
             f"no LoRA adapter (adapter_config.json) in {adapter_dir}",
             "Point it at a checkpoint directory written by `PeftTrainer.save`",
         )
-    config = LoraConfig(
-        r=peft_args.r,
-        lora_alpha=peft_args.lora_alpha,
-        lora_dropout=peft_args.lora_dropout,
-        target_modules=list(peft_args.target_modules),
-        task_type="CAUSAL_LM",
-    )
+    config = lora_config(peft_args)
     with warnings.catch_warnings():
         # peft reads a transformers property that transformers itself marks deprecated.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
@@ -318,4 +323,10 @@ def _token_logprobs(
     return torch.cat(logprobs, dim=1), torch.cat(entropies, dim=1)
 
 
-__all__ = ["DEFAULT_MICRO_BATCH_SEQUENCES", "PeftTrainer", "add_adapter", "create_peft_model"]
+__all__ = [
+    "DEFAULT_MICRO_BATCH_SEQUENCES",
+    "PeftTrainer",
+    "add_adapter",
+    "create_peft_model",
+    "lora_config",
+]
