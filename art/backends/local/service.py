@@ -91,7 +91,7 @@ class ModelService:
         self.api_key = f"art-{secrets.token_urlsafe(24)}"
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Trained] = {}
-        self._registry_lock = threading.Lock()
+        self._registry_lock = threading.RLock()
         self._server: Any = None
         self._base_url: str | None = None
 
@@ -100,11 +100,22 @@ class ModelService:
     def register(self, record: dict[str, Any]) -> dict[str, str]:
         """Load (or reuse) the model's base and adapter; return its endpoint."""
         with self._registry_lock:
+            self.load(record)
+            base_url = self._ensure_server()
+        return {"base_url": base_url, "api_key": self.api_key}
+
+    def load(self, record: dict[str, Any]) -> None:
+        """Load (or reuse) the model's base and adapter, without serving HTTP itself.
+
+        `art serve` calls this: it serves the models on its own app.
+        """
+        with self._registry_lock:
             key = f"{record['project']}/{record['name']}"
             if key not in self._models:
                 self._models[key] = self._load_trained(record)
-            base_url = self._ensure_server()
-        return {"base_url": base_url, "api_key": self.api_key}
+
+    def is_loaded(self, project: str, name: str) -> bool:
+        return f"{project}/{name}" in self._models
 
     def close(self) -> None:
         if self._server is not None:

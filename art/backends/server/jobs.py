@@ -1,0 +1,81 @@
+"""Training jobs: one step run in a worker thread, reported as a numbered event feed.
+
+A job's events are `training_started`, `gradient_step` (the trainer's metrics),
+then `training_ended` (the new step) or `training_failed` (the error). Each event has
+an id counting from 1, so a client that lost its connection asks for the events
+`after` the last one it saw and misses nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from ...core.errors import ArtValueError, TrainingError
+
+EventType = Literal["training_started", "gradient_step", "training_ended", "training_failed"]
+_FINAL = ("training_ended", "training_failed")
+
+
+class TrainingJob:
+    """One training step of one model, and the events it has produced so far."""
+
+    def __init__(self, model_id: str) -> None:
+        self.id = f"job-{uuid.uuid4().hex}"
+        self.model_id = model_id
+        self._events: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+
+    @property
+    def status(self) -> str:
+        with self._changed:
+            if not self._events:
+                return "queued"
+            last = self._events[-1]["type"]
+        return {"training_ended": "succeeded", "training_failed": "failed"}.get(last, "running")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed")
+
+    def emit(self, type: EventType, data: dict[str, Any]) -> None:
+        with self._changed:
+            self._events.append({"id": str(len(self._events) + 1), "type": type, "data": data})
+            self._changed.notify_all()
+
+    def events_after(self, after: int, limit: int, timeout: float) -> list[dict[str, Any]]:
+        """Events with id > `after`, waiting up to `timeout` seconds for one to arrive."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: len(self._events) > after or self._ended(), timeout=timeout
+            )
+            return self._events[after : after + limit]
+
+    def _ended(self) -> bool:
+        return bool(self._events) and self._events[-1]["type"] in _FINAL
+
+    def run(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
+        """Run `step` (returning the new step and its metrics), emitting the job's events."""
+        self.emit("training_started", {})
+        try:
+            new_step, metrics = step()
+        except BaseException as error:  # reported to the client, which raises it
+            self.emit("training_failed", error_data(error))
+            return
+        self.emit("gradient_step", {"step": new_step, "metrics": metrics})
+        self.emit("training_ended", {"step": new_step, "metrics": metrics})
+
+    def start(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
+        threading.Thread(target=self.run, args=(step,), name=self.id, daemon=True).start()
+
+
+def error_data(error: BaseException) -> dict[str, Any]:
+    """An error as JSON the client can raise again as the same `art` error."""
+    data: dict[str, Any] = {"error_type": type(error).__name__, "message": str(error)}
+    if isinstance(error, ArtValueError):
+        data.update(field=error.field, problem=error.problem, fix=error.fix)
+    if isinstance(error, TrainingError):
+        data["step"] = error.step
+    return data

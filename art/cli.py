@@ -1,0 +1,115 @@
+"""The `art` command line. Each subcommand imports what it needs only when it runs.
+
+    art serve --host 127.0.0.1 --port 8000 --path ./.art --api-key KEY
+
+Add a subcommand by writing an `_add_<name>(subparsers)` that sets `handler` and
+listing it in `_COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_LOOPBACK_NAMES = ("localhost",)
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _add_serve(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve and train models over HTTP (the server of ServerlessBackend)",
+        description="Serve and train models over an authenticated HTTP API: the training "
+        "API ServerlessBackend speaks, and an OpenAI-compatible /v1 endpoint.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument("--path", default="./.art", help="where models are stored (./.art)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="the key clients send as 'Authorization: Bearer <key>' (default: $ART_API_KEY)",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without a key; only allowed on a loopback address",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="largest request body accepted, in MiB (default 64)",
+    )
+    parser.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    api_key = args.api_key or os.environ.get("ART_API_KEY") or None
+    if args.no_auth and api_key:
+        return _fail("--no-auth and an API key were both given; drop one")
+    if args.no_auth and not _is_loopback(args.host):
+        return _fail(
+            f"--no-auth is only allowed on a loopback address, not --host {args.host}; "
+            "set --api-key (or ART_API_KEY) to serve on the network"
+        )
+    if not args.no_auth and not api_key:
+        return _fail(
+            "no API key: pass --api-key or set ART_API_KEY "
+            "(or, on 127.0.0.1 only, --no-auth to serve without one)"
+        )
+    if args.max_body_mb <= 0:
+        return _fail("--max-body-mb must be positive")
+
+    import uvicorn
+
+    from .backends.server import build_server_app
+
+    app = build_server_app(
+        args.path, None if args.no_auth else api_key, max_body_bytes=int(args.max_body_mb * 2**20)
+    )
+    print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+    finally:
+        app.state.art_server.close()
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"art: error: {message}", file=sys.stderr)
+    return 2
+
+
+_COMMANDS: list[Callable[[Any], None]] = [_add_serve]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="art", description="Train LLM agents with GRPO.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `art` console script and `python -m art`."""
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
