@@ -11,6 +11,7 @@ only `GET /health` does not.
     GET    /v1/preview/models/{id}/checkpoints         checkpoints with their metrics
     DELETE /v1/preview/models/{id}/checkpoints         delete steps, or all but latest and best
     POST   /v1/preview/training-jobs                   start one training step (worker thread)
+    GET    /v1/preview/training-jobs?model_id=         jobs since the server started
     GET    /v1/preview/training-jobs/{id}              a job's status
     GET    /v1/preview/training-jobs/{id}/events       its events after `after` (long-poll)
     POST   /v1/chat/completions, GET /v1/models        the OpenAI-compatible endpoint
@@ -71,7 +72,7 @@ class LogRequest(BaseModel):
     trajectory_groups: list[dict[str, Any]] = Field(default_factory=list)
     split: str = "train"
     step: int | None = Field(default=None, ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
 
 
 class DeleteCheckpoints(BaseModel):
@@ -315,6 +316,12 @@ def build_server_app(
     async def create_training_job(body: TrainingJobCreate) -> dict[str, Any]:
         job = await asyncio.to_thread(server.start_job, body)
         return {"id": job.id, "model_id": job.model_id, "status": job.status}
+
+    @app.get("/v1/preview/training-jobs")
+    async def list_training_jobs(model_id: str | None = None) -> dict[str, Any]:
+        jobs = [job for job in server.jobs.values() if model_id in (None, job.model_id)]
+        data = [{"id": job.id, "model_id": job.model_id, "status": job.status} for job in jobs]
+        return {"object": "list", "data": data, "has_more": False}
 
     @app.get("/v1/preview/training-jobs/{job_id}")
     async def get_training_job(job_id: str) -> dict[str, Any]:
