@@ -175,8 +175,9 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
                 404, str(error.args[0]), param="model", code="model_not_found"
             ) from error
         job = _prepare(body, route)
-        grammar = await asyncio.to_thread(_grammar, body, route, job)
-        if grammar is not None:
+        constrained = job.forced_tool or (body.response_format or {}).get("type", "text") != "text"
+        if constrained:  # compiling may take a while: off the event loop
+            grammar = await asyncio.to_thread(_grammar, body, route, job)
             job = replace(job, params=replace(job.params, grammar=grammar))
         if body.stream:
             return StreamingResponse(_stream(body, route, job), media_type="text/event-stream")
