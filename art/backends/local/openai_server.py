@@ -224,8 +224,9 @@ def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
         forced = names[0] if len(names) == 1 else None
         prefill = "<tool_call>"
     if forced is not None:
-        # The call is written up to its arguments; the model writes those.
-        prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": '
+        # The call is written up to the brace that opens its arguments; the model writes
+        # those. (Left before the brace, a small model often writes a bare number.)
+        prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": {'
     try:
         text = render_prompt(route.tokenizer, body.messages, tools, route.chat_template)
     except Exception as error:  # a template that cannot render these messages
@@ -266,7 +267,7 @@ def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[di
     if not job.parse_tools:
         return {"role": "assistant", "content": text}, sample.finish_reason
     if job.forced_tool is not None:
-        calls, content = _forced_call(job.forced_tool, sample.text), None
+        calls, content = _forced_call(job.forced_tool, "{" + sample.text), None
     else:
         parsed = parse_tool_calls(text)
         calls, content = parsed.tool_calls, parsed.content
@@ -277,7 +278,7 @@ def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[di
 
 
 def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
-    """The call whose arguments the model wrote after a forced `"arguments": ` prefill.
+    """The call whose arguments the model wrote after a forced `"arguments": {` prefill.
 
     The first complete JSON object is the arguments; whatever follows is ignored.
     """
