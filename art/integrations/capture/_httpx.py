@@ -8,18 +8,23 @@ was sent. Two ways in:
 - `RecordingTransport` / `RecordingAsyncTransport`: httpx's own extension point, given
   to a client we build (`art.langgraph.init_chat_model` does).
 - `patched_send()`: for clients the user built (zero-code capture) there is no extension
-  point we can reach, so while a capture is active, and only then, `httpx.Client.send`
-  and `httpx.AsyncClient.send` are replaced by versions that wrap chat-completion
-  responses. The originals come back when the last capture ends; requests made outside a
+  point we can reach, so while a capture is active, and only then, the `send` methods
+  of httpx's clients (and of httpx2's, which the OpenAI SDK uses by default) are replaced
+  by versions that wrap chat-completion responses. The originals come back when the last capture ends; requests made outside a
   capture pass straight through.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import inspect
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -35,7 +40,7 @@ def _chat_request(request: httpx.Request) -> dict[str, Any] | None:
         return None
     try:
         body = json.loads(request.content)
-    except (httpx.RequestNotRead, ValueError):
+    except (RuntimeError, ValueError):  # a body not read yet (RequestNotRead), or not JSON
         return None
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return None
@@ -64,18 +69,27 @@ def _on_body(
         if not response.is_success:
             return  # the client raises for it; nothing was sampled
         # The stream gives the bytes as sent; a fresh response decodes any gzip/br.
-        decoded = httpx.Response(200, headers=response.headers, content=raw).read()
+        decoded = type(response)(200, headers=response.headers, content=raw).read()
         recorder.add(order, body, decoded)
 
     return record
 
 
-class _RecordingStream(httpx.SyncByteStream):
+class _Recording:
+    """Keeps the bytes of a response body as the client reads them, and records on close."""
+
     def __init__(self, inner: Any, on_body: Callable[[bytes], None]) -> None:
         self._inner, self._on_body = inner, on_body
         self._parts: list[bytes] = []
         self._complete = self._recorded = False
 
+    def _finish(self) -> None:
+        if self._complete and not self._recorded:  # a body cut short has no final chunk
+            self._recorded = True
+            self._on_body(b"".join(self._parts))
+
+
+class _RecordingSync(_Recording):
     def __iter__(self) -> Iterator[bytes]:
         for part in self._inner:
             self._parts.append(part)
@@ -86,17 +100,10 @@ class _RecordingStream(httpx.SyncByteStream):
         try:
             self._inner.close()
         finally:
-            if self._complete and not self._recorded:  # a body cut short has no final chunk
-                self._recorded = True
-                self._on_body(b"".join(self._parts))
+            self._finish()
 
 
-class _RecordingAsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any, on_body: Callable[[bytes], None]) -> None:
-        self._inner, self._on_body = inner, on_body
-        self._parts: list[bytes] = []
-        self._complete = self._recorded = False
-
+class _RecordingAsync(_Recording):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for part in self._inner:
             self._parts.append(part)
@@ -107,17 +114,26 @@ class _RecordingAsyncStream(httpx.AsyncByteStream):
         try:
             await self._inner.aclose()
         finally:
-            if self._complete and not self._recorded:
-                self._recorded = True
-                self._on_body(b"".join(self._parts))
+            self._finish()
+
+
+@functools.cache
+def _stream_classes(library: ModuleType) -> tuple[type[_RecordingSync], type[_RecordingAsync]]:
+    # httpx checks a response stream's base class, so the wrappers derive from the
+    # library (httpx or its fork httpx2) the response came from.
+    sync = type("RecordingStream", (_RecordingSync, library.SyncByteStream), {})
+    async_ = type("RecordingAsyncStream", (_RecordingAsync, library.AsyncByteStream), {})
+    return sync, async_
 
 
 def _wrap(response: httpx.Response, claim: _Claim) -> httpx.Response:
     on_body = _on_body(response, *claim)
-    if isinstance(response.stream, httpx.AsyncByteStream):
-        response.stream = _RecordingAsyncStream(response.stream, on_body)
+    library = importlib.import_module(type(response).__module__.partition(".")[0])
+    sync, async_ = _stream_classes(library)
+    if isinstance(response.stream, library.AsyncByteStream):
+        response.stream = async_(response.stream, on_body)  # type: ignore[assignment]
     else:
-        response.stream = _RecordingStream(response.stream, on_body)
+        response.stream = sync(response.stream, on_body)  # type: ignore[assignment]
     return response
 
 
@@ -153,42 +169,57 @@ class RecordingAsyncTransport(httpx.AsyncBaseTransport):
 
 # --- the send patch, active only while a capture is ------------------------------------
 
-_ORIGINAL_SEND = httpx.Client.send
-_ORIGINAL_ASYNC_SEND = httpx.AsyncClient.send
+
+def _clients() -> list[type[Any]]:
+    """The client classes to patch: httpx's, and those of httpx2 (the OpenAI SDK's own) if present."""
+    classes: list[type[Any]] = [httpx.Client, httpx.AsyncClient]
+    if importlib.util.find_spec("httpx2") is not None:
+        httpx2 = importlib.import_module("httpx2")
+        classes += [httpx2.Client, httpx2.AsyncClient]
+    return classes
+
+
+def _recording_send(original: Callable[..., Any]) -> Callable[..., Any]:
+    def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        claim = _claim(request)
+        if claim is None:
+            return original(self, request, **kwargs)  # type: ignore[no-any-return]
+        stream = kwargs.pop("stream", False)
+        response = _wrap(original(self, request, stream=True, **kwargs), claim)
+        if not stream:  # as httpx's own send: read the body now, close on failure
+            try:
+                response.read()
+            except BaseException:
+                response.close()
+                raise
+        return response
+
+    return send
+
+
+def _recording_async_send(original: Callable[..., Any]) -> Callable[..., Any]:
+    async def send(
+        self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any
+    ) -> httpx.Response:
+        claim = _claim(request)
+        if claim is None:
+            return await original(self, request, **kwargs)  # type: ignore[no-any-return]
+        stream = kwargs.pop("stream", False)
+        response = _wrap(await original(self, request, stream=True, **kwargs), claim)
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
+
+    return send
+
+
 _patch_lock = threading.Lock()
 _patch_users = 0
-
-
-def _send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
-    claim = _claim(request)
-    if claim is None:
-        return _ORIGINAL_SEND(self, request, **kwargs)
-    stream = kwargs.pop("stream", False)
-    response = _wrap(_ORIGINAL_SEND(self, request, stream=True, **kwargs), claim)
-    if not stream:  # as httpx's own send: read the body now, close on failure
-        try:
-            response.read()
-        except BaseException:
-            response.close()
-            raise
-    return response
-
-
-async def _async_send(
-    self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any
-) -> httpx.Response:
-    claim = _claim(request)
-    if claim is None:
-        return await _ORIGINAL_ASYNC_SEND(self, request, **kwargs)
-    stream = kwargs.pop("stream", False)
-    response = _wrap(await _ORIGINAL_ASYNC_SEND(self, request, stream=True, **kwargs), claim)
-    if not stream:
-        try:
-            await response.aread()
-        except BaseException:
-            await response.aclose()
-            raise
-    return response
+_originals: dict[type[Any], Any] = {}
 
 
 @contextmanager
@@ -197,8 +228,11 @@ def patched_send() -> Iterator[None]:
     global _patch_users
     with _patch_lock:
         if _patch_users == 0:
-            httpx.Client.send = _send  # type: ignore[method-assign]
-            httpx.AsyncClient.send = _async_send  # type: ignore[method-assign]
+            for client in _clients():
+                original = client.__dict__["send"]
+                _originals[client] = original
+                is_async = inspect.iscoroutinefunction(original)
+                client.send = (_recording_async_send if is_async else _recording_send)(original)
         _patch_users += 1
     try:
         yield
@@ -206,5 +240,6 @@ def patched_send() -> Iterator[None]:
         with _patch_lock:
             _patch_users -= 1
             if _patch_users == 0:
-                httpx.Client.send = _ORIGINAL_SEND  # type: ignore[method-assign]
-                httpx.AsyncClient.send = _ORIGINAL_ASYNC_SEND  # type: ignore[method-assign]
+                for client, original in _originals.items():
+                    client.send = original
+                _originals.clear()

@@ -69,7 +69,9 @@ def init_chat_model(
         logprobs=True,
         http_client=httpx.Client(transport=RecordingTransport()),
         http_async_client=httpx.AsyncClient(transport=RecordingAsyncTransport()),
-        **kwargs,
+        # A CPU engine sends a tool-calling turn whole when it is done, after a silence
+        # longer than LangChain's default wait between streamed chunks.
+        **{"stream_chunk_timeout": None, **kwargs},
     )
 
 
