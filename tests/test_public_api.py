@@ -84,9 +84,5 @@ async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing
         ServerlessBackend(api_key="k")
     with pytest.raises(NotImplementedError, match="SkyPilot"):
         await SkyPilotBackend.initialize_cluster(cluster_name="c", gpu="H100")
-    with pytest.raises(NotImplementedError, match="LangGraph"):
-        art.langgraph.init_chat_model()
     with pytest.raises(NotImplementedError, match="MCP"):
         art.mcp.MCPTool()
-    with pytest.raises(art.NotBuiltError):
-        art.capture_auto_trajectory(None)
