@@ -78,9 +78,5 @@ async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing
 
     with pytest.raises(NotImplementedError, match="RULER"):
         await ruler_score_group(art.TrajectoryGroup([]), "judge")
-    with pytest.raises(NotImplementedError, match="LangGraph"):
-        art.langgraph.init_chat_model()
     with pytest.raises(NotImplementedError, match="MCP"):
         art.mcp.MCPTool()
-    with pytest.raises(art.NotBuiltError):
-        art.capture_auto_trajectory(None)

@@ -1,0 +1,146 @@
+"""Zero-code capture: the chat completions a rollout makes, recorded into a Trajectory.
+
+    async def rollout(scenario: str) -> None:
+        client = AsyncOpenAI(base_url=model.inference_base_url, api_key=...)
+        ...  # any agent loop, any framework that talks to the model over httpx
+        art.auto_trajectory(required=True).reward = score(...)
+
+    trajectory = await art.capture_auto_trajectory(rollout("..."))
+
+Every chat completion made inside the capture (the OpenAI SDK, langchain-openai and
+other httpx-based clients; streamed or not) is recorded with its request messages and
+tools and the returned choice, our endpoint's token ids and logprobs included, so the
+trajectory trains as if it had been built by hand. How calls become conversations is
+described in `_assemble`; how they are recorded, in `_httpx`.
+
+`yield_trajectory` / `capture_yielded_trajectory` are the other ART pattern: code deep
+inside a rollout hands its finished trajectory up, instead of returning it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Awaitable
+from contextvars import ContextVar
+from typing import Any, Literal, overload
+
+from ...core.errors import ArtValueError, RolloutError
+from ...core.trajectories import Trajectory
+from ._assemble import conversations, fill
+from ._httpx import RecordingAsyncTransport, RecordingTransport, patched_send
+from ._recorder import RecordedCall, Recorder, current_recorder, recording
+
+_auto: ContextVar[Trajectory | None] = ContextVar("art_auto_trajectory", default=None)
+_yielded: ContextVar[list[Trajectory] | None] = ContextVar("art_yielded_trajectory", default=None)
+
+
+@overload
+def auto_trajectory(*, required: Literal[True]) -> Trajectory: ...
+
+
+@overload
+def auto_trajectory(*, required: bool = False) -> Trajectory | None: ...
+
+
+def auto_trajectory(*, required: bool = False) -> Trajectory | None:
+    """The trajectory being captured by the enclosing `capture_auto_trajectory`, if any.
+
+    Set its reward, metrics and metadata inside the rollout; its messages fill in as the
+    rollout's chat completions finish. With `required=True`, outside a capture raises.
+    """
+    trajectory = _auto.get()
+    if trajectory is None and required:
+        raise RolloutError(
+            "auto_trajectory(required=True) was called outside a capture. "
+            "Run the rollout as `await art.capture_auto_trajectory(rollout(...))`"
+        )
+    return trajectory
+
+
+async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
+    """Run `coroutine` and return the Trajectory of the chat completions it made.
+
+    Its `messages_and_choices`, `tools` and `additional_histories` are the recorded
+    conversations; reward, metrics and metadata are whatever the rollout set through
+    `auto_trajectory()`. `metrics['duration']` is the capture's wall time. Responses
+    that could not be read are noted in `logs`, never dropped silently.
+    """
+    if not inspect.isawaitable(coroutine):
+        raise ArtValueError(
+            "coroutine",
+            f"expected an awaitable, got {type(coroutine).__name__}",
+            "Pass the call, not the function: `capture_auto_trajectory(rollout(scenario))`",
+        )
+    trajectory = Trajectory()
+    lock = threading.Lock()  # sync clients record from executor threads
+
+    def refresh(recorder: Recorder) -> None:
+        with lock:
+            fill(trajectory, recorder.calls())
+
+    recorder = Recorder(on_record=refresh)
+    token = _auto.set(trajectory)
+    try:
+        with patched_send(), recording(recorder):
+            await coroutine
+    finally:
+        _auto.reset(token)
+    refresh(recorder)
+    trajectory.logs.extend(recorder.problems)
+    return trajectory.finish()
+
+
+def yield_trajectory(trajectory: Trajectory) -> None:
+    """Hand `trajectory` to the enclosing `capture_yielded_trajectory`.
+
+    As in ART, outside such a capture this does nothing, so the same rollout code also
+    runs on its own.
+    """
+    if not isinstance(trajectory, Trajectory):
+        raise ArtValueError(
+            "trajectory",
+            f"expected an art.Trajectory, got {type(trajectory).__name__}",
+            "Yield the Trajectory the rollout built",
+        )
+    slot = _yielded.get()
+    if slot is not None:
+        slot[:] = [trajectory]
+
+
+async def capture_yielded_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
+    """Run `coroutine` and return the last trajectory it passed to `yield_trajectory`."""
+    if not inspect.isawaitable(coroutine):
+        raise ArtValueError(
+            "coroutine",
+            f"expected an awaitable, got {type(coroutine).__name__}",
+            "Pass the call, not the function: `capture_yielded_trajectory(rollout(scenario))`",
+        )
+    slot: list[Trajectory] = []
+    token = _yielded.set(slot)
+    try:
+        await coroutine
+    finally:
+        _yielded.reset(token)
+    if not slot:
+        raise RolloutError(
+            "the rollout finished without yielding a trajectory. "
+            "Call `art.yield_trajectory(trajectory)` inside it before it returns"
+        )
+    return slot[0]
+
+
+__all__ = [
+    "RecordedCall",
+    "Recorder",
+    "RecordingAsyncTransport",
+    "RecordingTransport",
+    "auto_trajectory",
+    "capture_auto_trajectory",
+    "capture_yielded_trajectory",
+    "conversations",
+    "current_recorder",
+    "fill",
+    "recording",
+    "yield_trajectory",
+]
