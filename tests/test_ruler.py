@@ -83,7 +83,7 @@ def test_tool_calls_and_results_are_shown_to_the_judge() -> None:
 
 def test_the_schema_admits_one_score_per_id_and_nothing_else() -> None:
     schema = response_format(3)["json_schema"]["schema"]
-    good = json.loads(answer(("1", 0.9), ("2", 0.5), ("3", 0.0)))
+    good = json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0)))
     jsonschema.validate(good, schema)
     for bad in [
         answer(("1", 0.9), ("2", 0.5)),  # too few

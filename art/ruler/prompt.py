@@ -134,7 +134,8 @@ def response_format(count: int) -> dict[str, Any]:
             "properties": {
                 "trajectory_id": id_schema,
                 "explanation": {"type": "string", "maxLength": EXPLANATION_MAX_CHARS},
-                "score": {"type": "number", "minimum": 0, "maximum": 1},
+                # Steps of 0.01 also stop a small model decoding digits without end.
+                "score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
             },
             "required": ["trajectory_id", "explanation", "score"],
             "additionalProperties": False,
