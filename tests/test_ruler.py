@@ -181,6 +181,24 @@ async def test_a_group_is_rescored_by_id_and_a_second_call_hits_the_cache(
     assert len(cached_answers(tmp_path)) == 1
 
 
+async def test_the_judge_cost_is_recorded_where_litellm_knows_the_price(
+    scripted_chat: ScriptedChat, tmp_path: Path
+) -> None:
+    scripted_chat.answers += [answer(("1", 1.0), ("2", 0.0))] * 2
+    params = scripted_params(scripted_chat)
+    priced = await ruler_score_group(
+        group_of(ANSWERS[:2]), "openai/gpt-4o-mini", params, cache=False
+    )
+    assert priced is not None
+    # 100 prompt and 20 completion tokens at gpt-4o-mini's list price, shared by 2.
+    assert sum(t.metrics["ruler_judge_cost"] for t in priced) == pytest.approx(2.7e-5)
+    unpriced = await ruler_score_group(
+        group_of(ANSWERS[:2]), "openai/my-judge", params, cache=False
+    )
+    assert unpriced is not None
+    assert all("ruler_judge_cost" not in t.metrics for t in unpriced)
+
+
 async def test_cache_false_always_asks_the_judge(
     scripted_chat: ScriptedChat, tmp_path: Path
 ) -> None:
