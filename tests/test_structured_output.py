@@ -1,0 +1,207 @@
+"""Structured output from our engine: `response_format` and forced tool calls, constrained.
+
+One in-process backend serves the default model (fp32, so its logprobs can be checked
+against a plain forward pass) for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import pytest_asyncio
+import torch
+
+import art
+from art.local import LocalBackend
+
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MOVIE = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
+        "genre": {"enum": ["drama", "comedy", "horror"]},
+        "cast": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 40}},
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["title", "year", "genre", "cast"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
+    backend = LocalBackend(path=tmp_path_factory.mktemp("structured") / ".art", in_process=True)
+    model = art.TrainableModel(
+        name="structured",
+        project="tests",
+        base_model=BASE,
+        _internal_config=art.dev.InternalModelConfig(init_args=art.dev.InitArgs(dtype="float32")),
+    )
+    await model.register(backend)
+    yield model
+    await backend.close()
+
+
+def movie_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "movie", "schema": schema, "strict": True},
+    }
+
+
+def ask(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+async def test_twenty_samples_at_temperature_1_all_validate_against_the_schema(
+    served: art.TrainableModel, default_model: tuple[Any, Any]
+) -> None:
+    completion = await served.openai_client().chat.completions.create(
+        model=served.name,
+        messages=ask("Describe a movie as JSON."),  # type: ignore[arg-type]
+        response_format=movie_format(MOVIE),  # type: ignore[arg-type]
+        n=20,
+        temperature=1.0,
+        max_tokens=160,
+        seed=7,
+    )
+    assert len(completion.choices) == 20
+    for choice in completion.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content or ""), MOVIE)
+    assert len({choice.message.content for choice in completion.choices}) > 10
+
+    # The ids and logprobs training reads are there, and the logprobs are the model's
+    # own (unmasked, temperature 1), not those of the constrained distribution.
+    model, tokenizer = default_model
+    choice = completion.choices[0]
+    extra = choice.model_extra or {}
+    prompt_ids, token_ids, logprobs = (
+        extra["prompt_token_ids"],
+        extra["token_ids"],
+        extra["token_logprobs"],
+    )
+    assert len(token_ids) == len(logprobs) >= 10
+    assert token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tokenizer.decode(token_ids, skip_special_tokens=True) == choice.message.content
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(token_ids)[:, None])
+    for got, want in zip(logprobs, expected[:, 0].tolist(), strict=True):
+        assert math.isclose(got, want, abs_tol=2e-3)
+    assert any(logprob < -0.01 for logprob in logprobs)  # forced tokens keep their own odds
+
+
+async def test_json_object_returns_a_json_object_and_streams(served: art.TrainableModel) -> None:
+    client = served.openai_client()
+    request: dict[str, Any] = {
+        "model": served.name,
+        "messages": ask('Reply with a JSON object like {"name": "Ada", "age": 36}.'),
+        "response_format": {"type": "json_object"},
+        "max_tokens": 96,
+        "seed": 3,
+    }
+    completion = await client.chat.completions.create(**request)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(json.loads(choice.message.content or ""), dict)
+
+    text = ""
+    async for chunk in await client.chat.completions.create(**request, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    assert text == choice.message.content  # the same seed samples the same object
+
+
+async def test_a_forced_tool_calls_arguments_follow_its_parameters(
+    served: art.TrainableModel,
+) -> None:
+    completion = await served.openai_client().chat.completions.create(
+        model=served.name,
+        messages=ask("What is the weather in Paris?"),  # type: ignore[arg-type]
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        n=4,
+        temperature=1.0,
+        max_tokens=48,
+        seed=5,
+    )
+    for choice in completion.choices:
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls is not None
+        call = choice.message.tool_calls[0].function  # type: ignore[union-attr]
+        assert call.name == "get_weather"
+        parameters = WEATHER_TOOL["function"]["parameters"]  # type: ignore[index]
+        jsonschema.validate(json.loads(call.arguments), parameters)
+
+
+async def test_a_bad_schema_is_a_400_naming_response_format_and_serving_goes_on(
+    served: art.TrainableModel,
+) -> None:
+    headers = {"Authorization": f"Bearer {served.inference_api_key}"}
+    good = {"model": served.name, "messages": ask("Hi"), "max_tokens": 8}
+    bad_formats = [
+        movie_format({"type": "objectx"}),
+        movie_format({"type": "object", "properties": 5}),
+        movie_format({"type": "string", "pattern": "(("}),
+        {"type": "json_schema", "json_schema": {"name": "no_schema"}},
+        {"type": "yaml"},
+    ]
+    async with httpx.AsyncClient(
+        base_url=served.inference_base_url, headers=headers, timeout=120
+    ) as http:
+        for response_format in bad_formats:
+            response = await http.post(
+                "/chat/completions", json={**good, "response_format": response_format}
+            )
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "response_format", error
+            assert "response_format" in error["message"], error
+        still = await http.post(
+            "/chat/completions", json={**good, "response_format": movie_format(MOVIE)}
+        )
+        assert still.status_code == 200
+        assert still.json()["choices"][0]["finish_reason"] == "length"  # 8 tokens: cut short
+
+
+def test_each_distinct_schema_compiles_once(default_model: tuple[Any, Any]) -> None:
+    from art.backends.local.structured import Grammars
+
+    grammars = Grammars(default_model[1], {2})
+    first = grammars.json_schema(MOVIE)
+    reordered = json.loads(json.dumps(MOVIE, sort_keys=True))
+    assert grammars.json_schema(reordered) is first
+    assert grammars.json_schema({"type": "object"}) is not first
