@@ -27,7 +27,7 @@ DEFAULT_RUBRIC = dedent(
 task from the trajectories' own system and user messages."""
 
 # Keeps a small judge from rambling; a sentence or two is all an explanation needs.
-EXPLANATION_MAX_CHARS = 200
+EXPLANATION_MAX_CHARS = 120
 
 _INSTRUCTIONS = """\
 You grade attempts by an AI agent. Every trajectory below was given the same task; \
