@@ -6,7 +6,8 @@ Groups of rollouts are sampled from the default model, scored by RULER with the 
 named on the command line (default: the same base model on the same local endpoint),
 and every pair of rollouts in a group whose true rewards differ counts as one
 comparison: 1 if RULER orders the pair the same way, 0.5 if it scores them equal, 0 if
-it orders them the other way. Peers on the same pairs: a random scorer (0.5 expected)
+it orders them the other way. Peers on the same pairs: a random scorer (its mean over
+1000 draws, 0.5 expected)
 and "the shorter answer is better", a heuristic that suits this task.
 
     python benchmarks/ruler_agreement.py [--groups 16] [--group-size 4] [--judge MODEL]
@@ -135,6 +136,15 @@ async def main(arguments: argparse.Namespace) -> None:
             c, p = pairwise_agreement(true, predicted)
             credit, pairs = credit + c, pairs + p
         rows.append((name, credit / pairs if pairs else float("nan"), pairs))
+    # The random scorer's accuracy is its mean over many draws, not one noisy draw.
+    draws = []
+    for _ in range(1000):
+        credit, pairs = 0.0, 0
+        for group, _done in kept:
+            c, p = pairwise_agreement([t.reward for t in group], scorers["random scorer"](group))
+            credit, pairs = credit + c, pairs + p
+        draws.append(credit / pairs if pairs else float("nan"))
+    rows[1] = ("random scorer (mean of 1000 draws)", sum(draws) / len(draws), rows[1][2])
 
     tokens = sum(
         t.metrics.get("ruler_judge_completion_tokens", 0.0) for _, done in kept for t in done
