@@ -24,16 +24,16 @@ BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MOVIE = {
     "type": "object",
     "properties": {
-        "title": {"type": "string", "maxLength": 60},
+        "title": {"type": "string", "maxLength": 24},
         "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
         "genre": {"enum": ["drama", "comedy", "horror"]},
         "cast": {
             "type": "array",
             "minItems": 1,
-            "maxItems": 3,
+            "maxItems": 2,
             "items": {
                 "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": 40}},
+                "properties": {"name": {"type": "string", "maxLength": 16}},
                 "required": ["name"],
                 "additionalProperties": False,
             },
@@ -94,7 +94,7 @@ async def test_twenty_samples_at_temperature_1_all_validate_against_the_schema(
         response_format=movie_format(MOVIE),  # type: ignore[arg-type]
         n=20,
         temperature=1.0,
-        max_tokens=160,
+        max_tokens=96,
         seed=7,
     )
     assert len(completion.choices) == 20
