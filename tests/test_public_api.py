@@ -86,7 +86,5 @@ async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing
         await SkyPilotBackend.initialize_cluster(cluster_name="c", gpu="H100")
     with pytest.raises(NotImplementedError, match="LangGraph"):
         art.langgraph.init_chat_model()
-    with pytest.raises(NotImplementedError, match="MCP"):
-        art.mcp.MCPTool()
     with pytest.raises(art.NotBuiltError):
         art.capture_auto_trajectory(None)
