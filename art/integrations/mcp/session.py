@@ -57,6 +57,8 @@ class MCPSession:
         self.name = name or (server if isinstance(server, str) else Path(server.command).name)
         self.timeout = timeout
         self._client: Client | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self._tools: list[MCPTool] | None = None
         self._resources: list[MCPResource] | None = None
         self._lock = asyncio.Lock()
@@ -110,25 +112,44 @@ class MCPSession:
 
     async def connect(self) -> None:
         """Start (stdio) or reach (HTTP) the server and complete the MCP handshake."""
-        if self._client is not None:
+        if self._runner is not None:
             return
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._closing = asyncio.Event()
+        self._runner = asyncio.create_task(self._hold(ready), name=f"mcp-session-{self.name}")
+        try:
+            self._client = await ready
+        except BaseException as error:
+            runner, self._runner = self._runner, None
+            runner.cancel()
+            if isinstance(error, Exception):
+                raise MCPConnectionError(
+                    f"cannot connect to MCP server {self.name!r}: {type(error).__name__}: "
+                    f"{error}. Check the command (stdio) or that the server is listening (HTTP)"
+                ) from error
+            raise
+
+    async def _hold(self, ready: asyncio.Future[Client]) -> None:
+        # The SDK's transports are anyio task groups, which must be left in the task that
+        # entered them; this task owns the connection so any task may use and close it.
         from mcp import Client
 
-        client = Client(self._server, read_timeout_seconds=self.timeout)
         try:
-            await client.__aenter__()
+            async with Client(self._server, read_timeout_seconds=self.timeout) as client:
+                ready.set_result(client)
+                await self._closing.wait()
         except Exception as error:
-            raise MCPConnectionError(
-                f"cannot connect to MCP server {self.name!r}: {type(error).__name__}: {error}. "
-                "Check the command (stdio) or that the server is listening (HTTP)"
-            ) from error
-        self._client = client
+            if ready.done():
+                raise
+            ready.set_exception(error)
 
     async def close(self) -> None:
-        """Close the connection (and stop a stdio server). Safe to call twice."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.__aexit__(None, None, None)
+        """Close the connection (and stop a stdio server). Safe to call twice, from any task."""
+        runner, self._runner = self._runner, None
+        self._client = None
+        if runner is not None:
+            self._closing.set()
+            await runner
 
     @property
     def connected(self) -> bool:
