@@ -74,12 +74,9 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
 async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing() -> None:
     import art
-    from art.rewards import ruler_score_group
     from art.serverless.backend import ServerlessBackend
     from art.skypilot import SkyPilotBackend
 
-    with pytest.raises(NotImplementedError, match="RULER"):
-        await ruler_score_group(art.TrajectoryGroup([]), "judge")
     with pytest.raises(NotImplementedError, match="ServerlessBackend"):
         ServerlessBackend(api_key="k")
     with pytest.raises(NotImplementedError, match="SkyPilot"):
