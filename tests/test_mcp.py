@@ -80,6 +80,19 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     ],
     "quitter": [{"content": "I will not use any tool."}],
 }
+
+
+def _own_note_script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add a note titled with the task, wait, find it again, and finish."""
+    task = next(m["content"] for m in messages if m["role"] == "user")
+    return [
+        {"tool_calls": [call("add_note", {"title": task, "body": "mine"})]},
+        {"tool_calls": [call("sleep", {"seconds": 0.1})]},
+        {"tool_calls": [call("search_notes", {"query": task})]},
+        {"tool_calls": [call("complete_task", {"summary": "found it"})]},
+    ]
+
+
 GENERATOR_ANSWERS = [
     # invalid difficulty, a missing task, and a duplicate (up to case and spacing)
     {
@@ -114,7 +127,7 @@ class _ScriptedModel(BaseHTTPRequestHandler):
             message: dict[str, Any] = {"role": "assistant", "content": content}
         else:
             turn = sum(1 for m in request["messages"] if m["role"] == "assistant")
-            script = SCRIPTS[request["model"]]
+            script = SCRIPTS.get(request["model"]) or _own_note_script(request["messages"])
             message = {"role": "assistant", "content": None} | script[min(turn, len(script) - 1)]
         body = {
             "id": "chatcmpl-scripted",
@@ -282,7 +295,8 @@ async def test_the_default_model_steered_to_a_tool_records_the_call_and_its_real
 ) -> None:
     config = MCPRolloutConfig(
         max_turns=1,
-        max_tokens=32,
+        max_tokens=48,
+        temperature=0.0,
         tool_choice={"type": "function", "function": {"name": "search_notes"}},
     )
     trajectory = await mcp_rollout(served, "Find my note about the dentist.", stdio_notes, config)
@@ -310,35 +324,23 @@ async def test_the_default_model_steered_to_a_tool_records_the_call_and_its_real
 
 
 async def test_8_concurrent_rollouts_share_one_session_per_server(
-    served: art.TrainableModel, stdio_notes: MCPSession, tool_server: MCPSession
+    scripted_url: str, http_notes: MCPSession, tool_server: MCPSession
 ) -> None:
-    config = MCPRolloutConfig(
-        max_turns=2,
-        max_tokens=24,
-        tool_choice={"type": "function", "function": {"name": "list_notes"}},
-    )
-    expected = (await stdio_notes.call_tool("list_notes", {})).text
+    model = scripted("concurrent", scripted_url)
     trajectories = await art.gather_trajectories(
-        (
-            mcp_rollout(
-                served, f"Show me my notes, please ({i}).", [stdio_notes, tool_server], config
-            )
-            for i in range(8)
-        ),
+        (mcp_rollout(model, f"errand {i}", [http_notes, tool_server]) for i in range(8)),
         pbar_desc=None,
     )
-    assert len(trajectories) == 8
-    for trajectory in trajectories:
-        assert trajectory.metrics["tool_calls"] == 2
-        results = [m for m in trajectory.messages() if m["role"] == "tool"]
-        assert len(results) == 2
-        for result in results:
-            # list_notes with its optional tag: the whole list, or a subset of its lines
-            content = str(result["content"])
-            assert content == "no notes" or set(content.splitlines()) <= set(
-                expected.splitlines()
-            ), content
-    assert stdio_notes.connected
+    added = []
+    for i, trajectory in enumerate(trajectories):
+        results = [str(m["content"]) for m in trajectory.messages() if m["role"] == "tool"]
+        assert results[0].startswith("added note ")
+        note_id = int(results[0].removeprefix("added note "))
+        assert results[1:] == ["slept 0.1", f"{note_id}: errand {i}", "Task marked complete."]
+        assert trajectory.metrics["tool_errors"] == 0
+        added.append(note_id)
+    assert len(set(added)) == 8  # every rollout got its own note back, none mixed up
+    assert http_notes.connected
     assert tool_server.connected
 
 

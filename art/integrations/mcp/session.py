@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from .types import MCPResource, MCPTool
 
 if TYPE_CHECKING:
     from mcp import Client, StdioServerParameters
+
+logger = logging.getLogger("art.mcp")
 
 
 class MCPConnectionError(ArtError):
@@ -147,9 +150,13 @@ class MCPSession:
         """Close the connection (and stop a stdio server). Safe to call twice, from any task."""
         runner, self._runner = self._runner, None
         self._client = None
-        if runner is not None:
-            self._closing.set()
+        if runner is None:
+            return
+        self._closing.set()
+        try:
             await runner
+        except Exception as error:  # the server failed earlier; closing must still finish
+            logger.warning("MCP server %r ended with an error: %r", self.name, error)
 
     @property
     def connected(self) -> bool:
