@@ -54,3 +54,24 @@ def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
     assert "RULER explanation: " in result.stdout
     run = tmp_path / "art-ruler" / "models" / "zero-label"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+
+
+def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "mcp_rl.py"),
+            *("--steps", "1", "--groups", "1", "--group-size", "2", "--val", "1"),
+            *("--path", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tools: add_note, list_notes, search_notes, read_note, delete_note" in result.stdout
+    assert "held-out:" in result.stdout
+    run = tmp_path / "art-mcp" / "models" / "notes-agent"
+    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()

@@ -70,10 +70,3 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'Trajectroy'"):
         _ = art.Trajectroy  # type: ignore[attr-defined]
-
-
-async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing() -> None:
-    import art
-
-    with pytest.raises(NotImplementedError, match="MCP"):
-        art.mcp.MCPTool()

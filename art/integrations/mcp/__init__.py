@@ -1,19 +1,45 @@
-"""Score and train agents that use MCP tool servers."""
+"""Score and train agents that use MCP tool servers.
 
-from ...core.not_built import not_built_class, not_built_function
+    async with MCPSession.stdio(sys.executable, ["server.py"]) as session:
+        tools = await session.list_tools()
+        scenarios = await generate_scenarios(tools, num_scenarios=16, generator_model=model)
+        trajectory = await mcp_rollout(model, scenarios[0], session)
 
-_MISSING = "the MCP integration (tool discovery, rollouts, scenario generation) is not built yet"
+Importing this package imports neither `mcp` nor LiteLLM; they load on first use.
+"""
 
-MCPTool = not_built_class("MCPTool", _MISSING)
-MCPResource = not_built_class("MCPResource", _MISSING)
-GeneratedScenario = not_built_class("GeneratedScenario", _MISSING)
-GeneratedScenarioCollection = not_built_class("GeneratedScenarioCollection", _MISSING)
-generate_scenarios = not_built_function("generate_scenarios", _MISSING)
+from .generate import ScenarioGenerationError, generate_scenarios
+from .rollout import COMPLETE_TASK, MCPRolloutConfig, mcp_rollout
+from .scoring import (
+    MCPEvaluation,
+    RewardFn,
+    ScenarioResult,
+    Scorer,
+    evaluate,
+    reward_scorer,
+    ruler_scorer,
+)
+from .session import MCPConnectionError, MCPSession, ToolResult
+from .types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
 __all__ = [
+    "COMPLETE_TASK",
     "GeneratedScenario",
     "GeneratedScenarioCollection",
+    "MCPConnectionError",
+    "MCPEvaluation",
     "MCPResource",
+    "MCPRolloutConfig",
+    "MCPSession",
     "MCPTool",
+    "RewardFn",
+    "ScenarioGenerationError",
+    "ScenarioResult",
+    "Scorer",
+    "ToolResult",
+    "evaluate",
     "generate_scenarios",
+    "mcp_rollout",
+    "reward_scorer",
+    "ruler_scorer",
 ]

@@ -1,0 +1,149 @@
+"""MCP•RL on this machine: train the default model to use an MCP server's tools.
+
+1. Start the notes server of `examples/mcp_notes_server.py` over stdio and discover
+   its tools and resources.
+2. Generate scenarios (tasks the tools can solve) with the model itself as the
+   generator, through its OpenAI-compatible endpoint and structured output.
+3. Each step: roll out every scenario several times through the tool loop, rank each
+   group with RULER (the judge sees the server's tools), and train on the ranks.
+4. Score the trained model on held-out scenarios without training (`evaluate`).
+
+By default the judge is the untrained base model, served beside ours by the same
+LocalBackend; `--judge openai/gpt-4.1-mini` (with OPENAI_API_KEY) uses a real one.
+
+    python examples/mcp_rl.py [--steps 2] [--path .art] [--judge MODEL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import art
+from art.local import LocalBackend
+from art.mcp import (
+    MCPRolloutConfig,
+    MCPSession,
+    evaluate,
+    generate_scenarios,
+    mcp_rollout,
+    reward_scorer,
+    ruler_scorer,
+)
+
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SERVER = Path(__file__).resolve().parent / "mcp_notes_server.py"
+# "required": every turn is a tool call, so even a 135M model exercises the tools; the
+# built-in complete_task call is how it ends a rollout early.
+ROLLOUT = MCPRolloutConfig(max_turns=3, max_tokens=64, tool_choice="required")
+RUBRIC = (
+    "Score higher the agent that calls tools which fit the task, with sensible "
+    "arguments, avoids tool errors, and finishes with complete_task and a correct summary."
+)
+
+
+def completed_cleanly(trajectory: art.Trajectory) -> float:
+    """Held-out reward: 1 for a rollout that called complete_task without a tool error."""
+    return float(bool(trajectory.metrics["completed"]) and trajectory.metrics["tool_errors"] == 0)
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    started = time.monotonic()
+    run_dir = Path(arguments.path) / "art-mcp" / "models" / "notes-agent"
+    if run_dir.exists():
+        print(f"starting afresh: removing the previous run in {run_dir}")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    backend = LocalBackend(path=arguments.path)
+    model = art.TrainableModel(name="notes-agent", project="art-mcp", base_model=BASE_MODEL)
+    await model.register(backend)
+
+    judge_model = arguments.judge or f"openai/{BASE_MODEL}"
+    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
+    if arguments.judge is None:
+        judge_params |= {
+            "base_url": model.inference_base_url,
+            "api_key": model.inference_api_key,
+            "temperature": 0.0,
+        }
+    score = ruler_scorer(judge_model, judge_params, RUBRIC, swallow_exceptions=True)
+
+    server = MCPSession.stdio(sys.executable, [str(SERVER), "--db", str(run_dir / "notes.db")])
+    async with server:
+        tools = await server.list_tools()
+        resources = await server.list_resources()
+        print(f"tools: {', '.join(t.name for t in tools)}; resources: {len(resources)}")
+
+        count = arguments.steps * arguments.groups + arguments.val
+        print(f"generating {count} scenarios with {BASE_MODEL}")
+        scenarios = await generate_scenarios(
+            tools,
+            resources,
+            num_scenarios=count,
+            generator_model=model,
+            custom_instructions="Keep each task to one short sentence about the user's notes.",
+            max_task_length=120,
+        )
+        train, val = scenarios.split(count - arguments.val)
+
+        failures = 0
+        while (step := await model.get_step()) < arguments.steps:
+            batch = train.scenarios[step * arguments.groups : (step + 1) * arguments.groups]
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(
+                        mcp_rollout(model, scenario, server, ROLLOUT)
+                        for _ in range(arguments.group_size)
+                    )
+                    for scenario in batch
+                ),
+                pbar_desc=f"step {step + 1}/{arguments.steps}",
+                after_each=score,
+            )
+            if not groups:
+                failures += 1
+                if failures == 3:
+                    raise SystemExit("the judge could not score a group three times in a row")
+                print(f"step {step + 1}: the judge could score no group; rolling out again")
+                continue
+            failures = 0
+            await model.train(groups, config=art.TrainConfig(learning_rate=arguments.learning_rate))
+            trajectories = [t for g in groups for t in g]
+            calls = sum(float(t.metrics["tool_calls"]) for t in trajectories)
+            errors = sum(float(t.metrics["tool_errors"]) for t in trajectories)
+            print(
+                f"step {step + 1}: {len(groups)} groups judged, mean RULER score "
+                f"{sum(t.reward for t in trajectories) / len(trajectories):.2f}, "
+                f"{calls / len(trajectories):.1f} tool calls per rollout, "
+                f"{errors / max(calls, 1):.0%} of them errors"
+            )
+
+        evaluation = await evaluate(
+            model, val, server, reward_scorer(completed_cleanly), config=ROLLOUT, pbar_desc="val"
+        )
+        await model.log(evaluation.groups, split="val")
+        for result in evaluation.results:
+            print(f"  val {result.mean_reward:.0f}  {result.task}")
+        print(f"held-out: {evaluation.mean_reward:.2f} of rollouts completed without tool errors")
+
+    await backend.close()
+    print(f"trained to step {step} in {time.monotonic() - started:.0f}s; run stored in {run_dir}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=8, help="training steps")
+    parser.add_argument("--groups", type=int, default=2, help="scenarios per step")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per scenario")
+    parser.add_argument("--val", type=int, default=2, help="held-out scenarios")
+    parser.add_argument("--judge", default=None, help="a LiteLLM model; default: the base model")
+    parser.add_argument("--path", default=".art", help="where the run is stored")
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    asyncio.run(main(parser.parse_args()))
