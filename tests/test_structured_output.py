@@ -167,6 +167,41 @@ async def test_a_forced_tool_calls_arguments_follow_its_parameters(
         jsonschema.validate(json.loads(call.arguments), parameters)
 
 
+async def test_required_among_several_tools_calls_one_of_them_with_valid_arguments(
+    served: art.TrainableModel,
+) -> None:
+    time_tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    tools = [WEATHER_TOOL, time_tool]
+    completion = await served.openai_client().chat.completions.create(
+        model=served.name,
+        messages=ask("What time is it in Paris?"),  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="required",
+        n=4,
+        temperature=1.0,
+        max_tokens=48,
+        seed=5,
+    )
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}  # type: ignore[index]
+    for choice in completion.choices:
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        assert choice.message.tool_calls is not None
+        call = choice.message.tool_calls[0].function  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(call.arguments), by_name[call.name])
+
+
 async def test_a_bad_schema_is_a_400_naming_response_format_and_serving_goes_on(
     served: art.TrainableModel,
 ) -> None:

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...core.trajectories import check_message_or_choice, check_tool
 from .chat_format import parse_tool_calls, render_prompt
 from .engine import Sample, SamplingParams, TransformersEngine
-from .structured import Grammar, GrammarError
+from .structured import Grammar, GrammarError, Grammars
 
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
 
@@ -175,7 +175,7 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
                 404, str(error.args[0]), param="model", code="model_not_found"
             ) from error
         job = _prepare(body, route)
-        constrained = job.forced_tool or (body.response_format or {}).get("type", "text") != "text"
+        constrained = job.prefill or (body.response_format or {}).get("type", "text") != "text"
         if constrained:  # compiling may take a while: off the event loop
             grammar = await asyncio.to_thread(_grammar, body, route, job)
             job = replace(job, params=replace(job.params, grammar=grammar))
@@ -277,21 +277,21 @@ def _grammar(body: ChatCompletionRequest, route: Route, job: _Job) -> Grammar | 
     `response_format` (a turn that must call a tool has no room for other JSON)."""
     grammars = route.engine.grammars
     if job.prefill:
+        tools = body.tools or []
         if job.forced_tool is None:
-            return None  # `required` among several tools: the model picks one, unconstrained
-        tool = next(t for t in body.tools or [] if t["function"]["name"] == job.forced_tool)
+            # `required` among several tools: one call of any of them, named and with
+            # arguments that fit that tool's parameters.
+            schema = {"anyOf": [_call_schema(tool) for tool in tools]}
+            return _tools_grammar(
+                grammars, tools, lambda: grammars.json_then(schema, "</tool_call>")
+            )
+        tool = next(t for t in tools if t["function"]["name"] == job.forced_tool)
         parameters = tool["function"].get("parameters")
         if not isinstance(parameters, dict):
             return None
-        try:
-            return grammars.json_then(parameters, "}</tool_call>")
-        except GrammarError as error:
-            index = (body.tools or []).index(tool)
-            raise ApiError(
-                400,
-                f"tools[{index}].function.parameters: not a usable JSON schema: {error}",
-                param=f"tools[{index}].function.parameters",
-            ) from error
+        return _tools_grammar(
+            grammars, tools, lambda: grammars.json_then(parameters, "}</tool_call>"), only=tool
+        )
     response_format = body.response_format or {}
     try:
         if response_format.get("type") == "json_object":
@@ -306,6 +306,43 @@ def _grammar(body: ChatCompletionRequest, route: Route, job: _Job) -> Grammar | 
             param="response_format",
         ) from error
     return None
+
+
+def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """A `<tool_call>` body for `tool`: its name, then arguments under its parameters."""
+    parameters = tool["function"].get("parameters")
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool["function"]["name"]},
+            "arguments": parameters if isinstance(parameters, dict) else {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _tools_grammar(
+    grammars: Grammars,
+    tools: list[dict[str, Any]],
+    compile: Callable[[], Grammar],
+    only: dict[str, Any] | None = None,
+) -> Grammar:
+    """`compile()`d, or a 400 naming the tool (of `tools`, or just `only`) that breaks it."""
+    try:
+        return compile()
+    except GrammarError as error:
+        param = "tools"
+        for index, tool in enumerate(tools):
+            parameters = tool["function"].get("parameters")
+            if (only is not None and tool is not only) or not isinstance(parameters, dict):
+                continue
+            try:
+                grammars.json_then(parameters, "")
+            except GrammarError:
+                param = f"tools[{index}].function.parameters"
+                break
+        raise ApiError(400, f"{param}: not a usable JSON schema: {error}", param=param) from error
 
 
 def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
