@@ -1,5 +1,5 @@
 """ART's `art.rewards` import path."""
 
-from .ruler import ruler, ruler_score_group
+from .ruler import DEFAULT_RUBRIC, TrajectoryScore, ruler, ruler_score_group
 
-__all__ = ["ruler", "ruler_score_group"]
+__all__ = ["DEFAULT_RUBRIC", "TrajectoryScore", "ruler", "ruler_score_group"]

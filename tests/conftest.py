@@ -92,6 +92,63 @@ def chat_server_url() -> Iterator[str]:
     server.server_close()
 
 
+class ScriptedChat:
+    """A chat endpoint that answers with the texts queued in `answers`, in order.
+
+    It records every request body in `requests`, so a test can count the calls that
+    reached it. With nothing queued it answers 400, which clients do not retry.
+    """
+
+    def __init__(self) -> None:
+        self.answers: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+
+
+@pytest.fixture
+def scripted_chat() -> Iterator[ScriptedChat]:
+    script = ScriptedChat()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length", "0"))
+            request = json.loads(self.rfile.read(length))
+            script.requests.append(request)
+            body: dict[str, Any] = {"error": {"message": "no scripted answer left"}}
+            if script.answers:
+                body = {
+                    "id": f"chatcmpl-scripted-{len(script.requests)}",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": request["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": script.answers.pop(0)},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+                }
+            payload = json.dumps(body).encode()
+            self.send_response(200 if "choices" in body else 400)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    script.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    yield script
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture
 def art_path(tmp_path: Path) -> Path:
     return tmp_path / ".art"

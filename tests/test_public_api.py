@@ -74,10 +74,7 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
 async def test_unbuilt_capabilities_raise_not_implemented_naming_what_is_missing() -> None:
     import art
-    from art.rewards import ruler_score_group
 
-    with pytest.raises(NotImplementedError, match="RULER"):
-        await ruler_score_group(art.TrajectoryGroup([]), "judge")
     with pytest.raises(NotImplementedError, match="LangGraph"):
         art.langgraph.init_chat_model()
     with pytest.raises(NotImplementedError, match="MCP"):

@@ -1,10 +1,14 @@
-"""RULER: relative scores for the trajectories of a group from an LLM judge."""
+"""RULER: relative scores for the trajectories of a group from an LLM judge.
 
-from ..core.not_built import not_built_function
+    group = await ruler_score_group(group, "openai/gpt-4.1-mini")   # rewards replaced
 
-_MISSING = "RULER (LLM-judge relative scoring through LiteLLM) is not built yet"
+`ruler` scores plain message lists; `ruler_score_group` scores a `TrajectoryGroup` and
+is made to be the `after_each=` of `gather_trajectory_groups`. LiteLLM is imported on
+the first call, not here.
+"""
 
-ruler = not_built_function("ruler", _MISSING)
-ruler_score_group = not_built_function("ruler_score_group", _MISSING)
+from .answer import TrajectoryScore
+from .judge import ruler, ruler_score_group
+from .prompt import DEFAULT_RUBRIC
 
-__all__ = ["ruler", "ruler_score_group"]
+__all__ = ["DEFAULT_RUBRIC", "TrajectoryScore", "ruler", "ruler_score_group"]

@@ -11,6 +11,10 @@ A decode loop of our own rather than `model.generate`, because each row needs it
 sampling settings, seed, stop strings and streaming callback, rows join and leave
 mid-flight, and training needs the sampled ids with their logprobs under the model's
 own (temperature-1) distribution.
+
+A request may carry a grammar (`SamplingParams.grammar`, see `structured.py`): its rows
+sample only the tokens the grammar allows. Masks are computed for those rows alone, and
+a step with no constrained row does no grammar work at all.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from .structured import Grammar, Grammars
+
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
 _MAX_WAIT_STEPS = 8
 
@@ -41,6 +47,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    grammar: Grammar | None = None  # sample only what this grammar allows
 
 
 @dataclass
@@ -72,6 +79,7 @@ class _Row:
     index: int
     sample: Sample
     generator: torch.Generator | None
+    matcher: Any = None  # llguidance.LLMatcher of the request's grammar, if it has one
     done: bool = False
 
 
@@ -118,6 +126,7 @@ class TransformersEngine:
         self._pausing = threading.Event()
         self._closed = False
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
+        self.grammars = Grammars(tokenizer, stop_token_ids)
         self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._worker.start()
 
@@ -251,7 +260,9 @@ class TransformersEngine:
                 generator = None
                 if request.params.seed is not None:
                     generator = torch.Generator().manual_seed(request.params.seed + index)
-                rows.append(_Row(request, index, sample, generator))
+                grammar = request.params.grammar
+                matcher = grammar.matcher() if grammar is not None else None
+                rows.append(_Row(request, index, sample, generator, matcher))
         device = next(self.model.parameters()).device
         longest = max(len(row.request.prompt_ids) for row in rows)
         input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
@@ -304,10 +315,17 @@ class TransformersEngine:
     def _step(self, batch: _Batch) -> _Batch:
         """Sample one token for every row, retire finished rows, and run the model once."""
         logits = batch.logits
-        tokens = self._sample(logits, batch.rows)
+        constrained = [i for i, row in enumerate(batch.rows) if row.matcher is not None]
+        tokens = self._sample(self._constrain(logits, batch.rows, constrained), batch.rows)
+        # The logprobs returned for training are under the model's own temperature-1
+        # distribution, unmasked: the one the trainer recomputes for the importance ratio.
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
         token_list = tokens.tolist()
+        for i in constrained:
+            matcher = batch.rows[i].matcher
+            if not matcher.consume_token(token_list[i]):  # it allowed this token: a bug
+                raise RuntimeError(f"the grammar rejected its own token: {matcher.get_error()}")
         for i, row in enumerate(batch.rows):
             self._append(row, token_list[i], chosen[i], logprobs[i])
             if row.request.on_token is not None:
@@ -345,6 +363,19 @@ class TransformersEngine:
             batch.next_position + 1,
             output.logits[:, -1, :].float(),
         )
+
+    def _constrain(
+        self, logits: torch.Tensor, rows: list[_Row], constrained: list[int]
+    ) -> torch.Tensor:
+        """The logits to sample from: the constrained rows' disallowed tokens at -inf."""
+        if not constrained:
+            return logits
+        matchers = [rows[i].matcher for i in constrained]
+        allowed = self.grammars.allowed_tokens(matchers, logits.shape[1]).to(logits.device)
+        index = torch.tensor(constrained, device=logits.device)
+        masked = logits.clone()
+        masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return masked
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         device = logits.device

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from fastapi import FastAPI, Request
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...core.trajectories import check_message_or_choice, check_tool
 from .chat_format import parse_tool_calls, render_prompt
 from .engine import Sample, SamplingParams, TransformersEngine
+from .structured import Grammar, GrammarError
 
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
 
@@ -117,9 +118,15 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _check_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
+        kind = (value or {}).get("type")
+        if value is None or kind in ("text", "json_object"):
+            return value
+        if kind != "json_schema":
+            raise ValueError(f"type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise ValueError(
-                "structured output (json_object, json_schema) is not supported by this engine yet"
+                'json_schema needs {"name": ..., "schema": {a JSON schema object}, "strict": true}'
             )
         return value
 
@@ -168,6 +175,9 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
                 404, str(error.args[0]), param="model", code="model_not_found"
             ) from error
         job = _prepare(body, route)
+        grammar = await asyncio.to_thread(_grammar, body, route, job)
+        if grammar is not None:
+            job = replace(job, params=replace(job.params, grammar=grammar))
         if body.stream:
             return StreamingResponse(_stream(body, route, job), media_type="text/event-stream")
         samples = await route.engine.generate(
@@ -259,6 +269,42 @@ def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
         top_logprobs=body.top_logprobs or 0,
     )
     return _Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
+
+
+def _grammar(body: ChatCompletionRequest, route: Route, job: _Job) -> Grammar | None:
+    """The grammar the completion is sampled under: a forced call's arguments, else the
+    `response_format` (a turn that must call a tool has no room for other JSON)."""
+    grammars = route.engine.grammars
+    if job.prefill:
+        if job.forced_tool is None:
+            return None  # `required` among several tools: the model picks one, unconstrained
+        tool = next(t for t in body.tools or [] if t["function"]["name"] == job.forced_tool)
+        parameters = tool["function"].get("parameters")
+        if not isinstance(parameters, dict):
+            return None
+        try:
+            return grammars.json_then(parameters, "}</tool_call>")
+        except GrammarError as error:
+            index = (body.tools or []).index(tool)
+            raise ApiError(
+                400,
+                f"tools[{index}].function.parameters: not a usable JSON schema: {error}",
+                param=f"tools[{index}].function.parameters",
+            ) from error
+    response_format = body.response_format or {}
+    try:
+        if response_format.get("type") == "json_object":
+            return grammars.json_object()
+        if response_format.get("type") == "json_schema":
+            spec = response_format["json_schema"]
+            return grammars.json_schema(spec["schema"], strict=spec.get("strict") is not False)
+    except GrammarError as error:
+        raise ApiError(
+            400,
+            f"response_format: the JSON schema does not compile: {error}",
+            param="response_format",
+        ) from error
+    return None
 
 
 def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
