@@ -19,8 +19,8 @@ from typing import Any
 from ..core.errors import ArtError, ConfigError
 
 # An input is a user message: a sentence or a short paragraph, never an essay.
-INPUT_MAX_CHARS = 300
-SYSTEM_PROMPT_MAX_CHARS = 400
+INPUT_MAX_CHARS = 200
+SYSTEM_PROMPT_MAX_CHARS = 300
 
 
 class InputGenerationError(ArtError):
@@ -106,7 +106,7 @@ async def generate_inputs(
     extra_litellm_params: Mapping[str, Any] | None = None,
     system_prompt: str | None = None,
     num_val: int = 0,
-    batch_size: int = 8,
+    batch_size: int = 4,
     max_batches: int | None = None,
     seed: int = 0,
 ) -> GeneratedInputs:
@@ -243,7 +243,8 @@ async def _write_system_prompt(
     ]
     problem = ""
     for _ in range(max(attempts, 1)):
-        content = await _complete(generator_model, extra, messages, _SYSTEM_PROMPT_SCHEMA)
+        budget = {"max_tokens": SYSTEM_PROMPT_MAX_CHARS // 2} | extra
+        content = await _complete(generator_model, budget, messages, _SYSTEM_PROMPT_SCHEMA)
         try:
             data = json.loads(content or "")
             text = data.get("system_prompt") if isinstance(data, dict) else None

@@ -204,7 +204,6 @@ def _reach(
     if judge_model is None:
         judge = {**local, "temperature": 0.0} | judge
     generator = dict(generator_params or {})
-    generator.setdefault("max_tokens", 600)
     if generator_model is None:
         generator = local | generator
     return _Models(judge_model or base, judge, generator_model or base, generator)
