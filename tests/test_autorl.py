@@ -53,7 +53,8 @@ async def test_duplicates_are_dropped_and_exactly_num_inputs_are_split_off(
         generator_model="openai/scripted",
         extra_litellm_params=scripted(scripted_chat),
     )
-    assert len(inputs.train) == 4 and len(inputs.val) == 1
+    assert len(inputs.train) == 4
+    assert len(inputs.val) == 1
     everything = inputs.train + inputs.val
     assert len({normalize(text) for text in everything}) == 5
     assert set(everything) == {
@@ -84,7 +85,8 @@ async def test_a_given_system_prompt_is_kept(scripted_chat: ScriptedChat) -> Non
         system_prompt="Be brief.",
     )
     assert inputs.system_prompt == "Be brief."
-    assert inputs.val == [] and len(scripted_chat.requests) == 1
+    assert inputs.val == []
+    assert len(scripted_chat.requests) == 1
 
 
 @pytest.mark.parametrize(
@@ -150,7 +152,8 @@ async def test_the_default_model_writes_distinct_inputs_and_a_system_prompt(
             "api_key": served.inference_api_key,
         },
     )
-    assert len(inputs.train) == 3 and len(inputs.val) == 1
+    assert len(inputs.train) == 3
+    assert len(inputs.val) == 1
     everything = inputs.train + inputs.val
     assert all(text.strip() for text in everything)
     assert len({normalize(text) for text in everything}) == 4
@@ -175,4 +178,5 @@ def art_command(*args: str, timeout: float = 900) -> subprocess.CompletedProcess
 def test_autorl_rejects_bad_arguments_by_name(tmp_path: Path) -> None:
     done = art_command(TASK, "--steps", "-1", "--path", str(tmp_path))
     assert done.returncode == 2
-    assert "steps" in done.stderr and "at least 0" in done.stderr
+    assert "steps" in done.stderr
+    assert "at least 0" in done.stderr
