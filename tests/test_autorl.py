@@ -160,6 +160,28 @@ async def test_the_default_model_writes_distinct_inputs_and_a_system_prompt(
     assert inputs.system_prompt.strip()
 
 
+def test_the_report_escapes_generated_text_and_plots_each_evaluated_step(tmp_path: Path) -> None:
+    from art.autorl import AutoRLResult, Evaluation
+    from art.autorl.report import summary_table, write_html, write_plot
+
+    hostile = "<script>alert('x')</script> & <b>"
+    evaluations = [
+        Evaluation(step, 0.5 + step / 10, 0.6, 0.5, 1, [
+            {"input": hostile, "base": "<i>old</i>", "answer": hostile, "score": 0.7, "base_score": 0.5}
+        ])
+        for step in (1, 2)
+    ]  # fmt: skip
+    inputs = GeneratedInputs(TASK, "Be <polite>.", ["a"], [hostile])
+    result = AutoRLResult(tmp_path, inputs, 0, 2, evaluations)
+    page = write_html(result, tmp_path / "report.html").read_text()
+    assert "<script>" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &lt;b&gt;" in page
+    assert "Be &lt;polite&gt;." in page
+    assert write_plot(evaluations, tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
+    table = summary_table(result).splitlines()
+    assert table[-1].split() == ["2", "0.70", "0.60", "0.50", "1"]
+
+
 # --- the command line ------------------------------------------------------------------------
 
 
@@ -180,3 +202,43 @@ def test_autorl_rejects_bad_arguments_by_name(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "steps" in done.stderr
     assert "at least 0" in done.stderr
+
+
+SMALL_RUN = (
+    "--num-inputs", "4", "--num-val", "1", "--groups-per-step", "1",
+    "--group-size", "4", "--max-tokens", "32",
+)  # fmt: skip
+
+
+@pytest.mark.timeout(1200)
+def test_autorl_trains_end_to_end_writes_its_report_and_resumes(tmp_path: Path) -> None:
+    first = art_command(TASK, "--steps", "3", "--path", str(tmp_path), *SMALL_RUN)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "step 0 -> 3" in first.stdout
+    model_dir = tmp_path / "autorl" / "models" / "autorl"
+    run_dir = model_dir / "autorl"
+    inputs = json.loads((run_dir / "inputs.json").read_text())
+    assert len(inputs["train"]) == 4
+    assert len(inputs["val"]) == 1
+    assert inputs["system_prompt"].strip()
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["0001", "0002", "0003"]
+    history = [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in history if "val/win_rate" in row] == [1, 2, 3]
+    evaluations = json.loads((run_dir / "evaluations.json").read_text())
+    assert [e["step"] for e in evaluations] == [1, 2, 3]
+    assert (run_dir / "validation.png").read_bytes().startswith(b"\x89PNG")
+    report = (run_dir / "report.html").read_text()
+    assert "Answers before and after" in report
+    assert "<script" not in report  # generated text is escaped, never markup
+    assert (run_dir / "base_answers.json").exists()
+
+    again = art_command(TASK, "--steps", "3", "--path", str(tmp_path), *SMALL_RUN)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "step 3 -> 3" in again.stdout
+    assert json.loads((run_dir / "inputs.json").read_text()) == inputs
+    assert json.loads((run_dir / "evaluations.json").read_text()) == evaluations
+    assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["0001", "0002", "0003"]
+
+    other_task = art_command("Write haiku.", "--steps", "3", "--path", str(tmp_path), *SMALL_RUN)
+    assert other_task.returncode == 2
+    assert "task_description" in other_task.stderr
