@@ -109,6 +109,7 @@ async def generate_inputs(
     batch_size: int = 4,
     max_batches: int | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> GeneratedInputs:
     """Write `num` distinct training inputs (plus `num_val` held out) for a task.
 
@@ -125,6 +126,7 @@ async def generate_inputs(
         max_batches: generator calls allowed before giving up (default: enough for
             every input twice over, plus three).
         seed: which inputs go to validation is drawn with this seed.
+        progress: show a progress bar of the inputs collected.
 
     Raises:
         ConfigError: a bad argument, named.
@@ -164,6 +166,9 @@ async def generate_inputs(
     collected: list[str] = []
     seen: set[str] = set()
     problems: list[str] = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="writing inputs", unit="input", disable=not progress)
     for _ in range(allowed):
         if len(collected) >= total:
             break
@@ -186,8 +191,10 @@ async def generate_inputs(
                 seen.add(key)
                 collected.append(text)
                 fresh += 1
+                bar.update(1)
         if fresh == 0:
             problems.append(f"no new input in {texts[:3]!r}")
+    bar.close()
     if len(collected) < total:
         detail = f"; last problem: {problems[-1]}" if problems else ""
         raise InputGenerationError(

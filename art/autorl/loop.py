@@ -236,6 +236,7 @@ async def _load_or_generate_inputs(
         system_prompt=system_prompt,
         num_val=num_val,
         seed=seed,
+        progress=True,
     )
     write_text_atomic(file, inputs.to_json())
     return inputs
