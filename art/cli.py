@@ -1,6 +1,7 @@
 """The `art` command line. Each subcommand imports what it needs only when it runs.
 
     art serve --host 127.0.0.1 --port 8000 --path ./.art --api-key KEY
+    art autorl "Answer questions about our return policy" --steps 10 --path ./.art
 
 Add a subcommand by writing an `_add_<name>(subparsers)` that sets `handler` and
 listing it in `_COMMANDS`.
@@ -88,12 +89,94 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_autorl(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "autorl",
+        help="train a model from a one-sentence task description (no data, no labels)",
+        description="Write training inputs for a task with a generator model, train the "
+        "base model on them with RULER rewards, and report how far it moved past the base.",
+    )
+    parser.add_argument("task", help="what the model should do, in a sentence")
+    parser.add_argument(
+        "--base-model",
+        default="HuggingFaceTB/SmolLM2-135M-Instruct",
+        help="the model to train (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--judge", default=None, help="a LiteLLM model for RULER (default: the base model)"
+    )
+    parser.add_argument(
+        "--generator", default=None, help="a LiteLLM model for the inputs (default: the base model)"
+    )
+    parser.add_argument("--steps", type=int, default=10, help="train until this step (10)")
+    parser.add_argument("--path", default="./.art", help="where the run is stored (./.art)")
+    parser.add_argument("--project", default="autorl", help="project name (autorl)")
+    parser.add_argument("--name", default="autorl", help="model name (autorl)")
+    parser.add_argument("--num-inputs", type=int, default=16, help="training inputs (16)")
+    parser.add_argument("--num-val", type=int, default=4, help="validation inputs (4)")
+    parser.add_argument("--groups-per-step", type=int, default=2, help="inputs per step (2)")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per input (4)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
+    parser.add_argument("--eval-every", type=int, default=1, help="validate every N steps (1)")
+    parser.add_argument("--learning-rate", type=float, default=1e-4, help="(1e-4)")
+    parser.add_argument("--system-prompt", default=None, help="the agent's (default: written)")
+    parser.set_defaults(handler=_autorl)
+
+
+def _autorl(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .core.errors import ArtError
+
+    try:
+        return asyncio.run(_run_autorl(args))
+    except ArtError as error:
+        return _fail(str(error))
+
+
+async def _run_autorl(args: argparse.Namespace) -> int:
+    from .autorl import train
+    from .autorl.report import summary_table, write_html, write_plot
+    from .local import LocalBackend
+
+    backend = LocalBackend(path=args.path)
+    try:
+        result = await train(
+            args.task,
+            args.base_model,
+            args.judge,
+            args.steps,
+            backend=backend,
+            path=args.path,
+            project=args.project,
+            name=args.name,
+            generator_model=args.generator,
+            system_prompt=args.system_prompt,
+            num_inputs=args.num_inputs,
+            num_val=args.num_val,
+            groups_per_step=args.groups_per_step,
+            group_size=args.group_size,
+            max_tokens=args.max_tokens,
+            eval_every=args.eval_every,
+            learning_rate=args.learning_rate,
+        )
+    finally:
+        await backend.close()
+    if result.evaluations:
+        write_plot(result.evaluations, result.run_dir / "validation.png")
+    report = write_html(result, result.run_dir / "report.html")
+    print(f"\nAutoRL: step {result.start_step} -> {result.step}")
+    print(summary_table(result))
+    print(f"run: {result.run_dir}\nreport: {report}")
+    return 0
+
+
 def _fail(message: str) -> int:
     print(f"art: error: {message}", file=sys.stderr)
     return 2
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_serve]
+_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_autorl]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,10 +1,19 @@
-"""AutoRL: training inputs written from a task description, scored by RULER."""
+"""AutoRL: training inputs written from a task description, scored by RULER.
 
-from ..core.not_built import not_built_function
+inputs = await art.autorl.generate_inputs("Answer questions about ...", 16, generator_model=...)
+result = await art.autorl.train("Answer questions about ...", base_model, None, 10,
+                                backend=LocalBackend(path), path=path)
+"""
 
-_MISSING = "AutoRL (input generation and the task-to-model loop) is not built yet"
+from .inputs import GeneratedInputs, InputGenerationError, generate_inputs, normalize
+from .loop import AutoRLResult, Evaluation, train
 
-generate_inputs = not_built_function("generate_inputs", _MISSING)
-train = not_built_function("train", _MISSING)
-
-__all__ = ["generate_inputs", "train"]
+__all__ = [
+    "AutoRLResult",
+    "Evaluation",
+    "GeneratedInputs",
+    "InputGenerationError",
+    "generate_inputs",
+    "normalize",
+    "train",
+]
