@@ -41,12 +41,15 @@ def open_store(path: str) -> sqlite3.Connection:
 def build_server(db_path: str) -> MCPServer:
     """The notes server over the database at `db_path`."""
     store = open_store(db_path)
+    # The tools are coroutines so that they run on the server's event loop, one at a time:
+    # sync tools run in worker threads, where two concurrent inserts on this one connection
+    # could each read the other's `lastrowid`.
     server = MCPServer(
         "notes", instructions="A notes store: add, search, read and tag notes.", log_level="WARNING"
     )
 
     @server.tool()
-    def add_note(title: str, body: str, tag: str = "general") -> str:
+    async def add_note(title: str, body: str, tag: str = "general") -> str:
         """Add a note and return its id."""
         if not title.strip():
             raise ToolError("title is empty; give the note a short title")
@@ -57,7 +60,7 @@ def build_server(db_path: str) -> MCPServer:
         return f"added note {cursor.lastrowid}"
 
     @server.tool()
-    def list_notes(tag: str | None = None) -> str:
+    async def list_notes(tag: str | None = None) -> str:
         """List the notes (id and title), optionally only those with `tag`."""
         rows = (
             store.execute("SELECT id, title, tag FROM notes WHERE tag = ?", (tag,))
@@ -69,7 +72,7 @@ def build_server(db_path: str) -> MCPServer:
         return "\n".join(f"{id_}: {title} [{tag_}]" for id_, title, tag_ in rows)
 
     @server.tool()
-    def search_notes(query: str) -> str:
+    async def search_notes(query: str) -> str:
         """Find notes whose title or body contains `query` (case-insensitive)."""
         pattern = f"%{query}%"
         rows = store.execute(
@@ -78,7 +81,7 @@ def build_server(db_path: str) -> MCPServer:
         return "\n".join(f"{id_}: {title}" for id_, title in rows) or f"no note mentions {query!r}"
 
     @server.tool()
-    def read_note(note_id: int) -> str:
+    async def read_note(note_id: int) -> str:
         """Return the full text of note `note_id`."""
         row = store.execute(
             "SELECT title, body, tag FROM notes WHERE id = ?", (note_id,)
@@ -89,7 +92,7 @@ def build_server(db_path: str) -> MCPServer:
         return f"{title} [{tag}]\n{body}"
 
     @server.tool()
-    def delete_note(note_id: int) -> str:
+    async def delete_note(note_id: int) -> str:
         """Delete note `note_id`."""
         if store.execute("DELETE FROM notes WHERE id = ?", (note_id,)).rowcount == 0:
             raise ToolError(f"there is no note {note_id}; call list_notes to see the ids")
@@ -97,7 +100,7 @@ def build_server(db_path: str) -> MCPServer:
         return f"deleted note {note_id}"
 
     @server.resource("notes://stats", description="How many notes there are, per tag.")
-    def stats() -> str:
+    async def stats() -> str:
         rows = store.execute("SELECT tag, COUNT(*) FROM notes GROUP BY tag ORDER BY tag").fetchall()
         return "\n".join(f"{tag}: {count}" for tag, count in rows) or "no notes"
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import JsonHandler, serving
 
 # Tests never reach a hub or a tracking service, however pytest is started.
 for _name, _value in {
@@ -23,7 +21,7 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 
-class _ChatServer(BaseHTTPRequestHandler):
+class _ChatServer(JsonHandler):
     """A minimal OpenAI-compatible chat endpoint standing in for an external model.
 
     It answers every request by echoing the last user message, with logprobs, and calls
@@ -31,8 +29,7 @@ class _ChatServer(BaseHTTPRequestHandler):
     """
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("content-length", "0"))
-        request = json.loads(self.rfile.read(length))
+        request = self.read_json()
         last_user = next(m for m in reversed(request["messages"]) if m["role"] == "user")
         text = f"echo: {last_user['content']}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -71,25 +68,13 @@ class _ChatServer(BaseHTTPRequestHandler):
                 "total_tokens": 3 + len(tokens),
             },
         }
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_json(body)
 
 
 @pytest.fixture(scope="session")
 def chat_server_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChatServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(_ChatServer) as url:
+        yield url
 
 
 class ScriptedChat:
@@ -109,10 +94,9 @@ class ScriptedChat:
 def scripted_chat() -> Iterator[ScriptedChat]:
     script = ScriptedChat()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
-            length = int(self.headers.get("content-length", "0"))
-            request = json.loads(self.rfile.read(length))
+            request = self.read_json()
             script.requests.append(request)
             body: dict[str, Any] = {"error": {"message": "no scripted answer left"}}
             if script.answers:
@@ -130,23 +114,11 @@ def scripted_chat() -> Iterator[ScriptedChat]:
                     ],
                     "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
                 }
-            payload = json.dumps(body).encode()
-            self.send_response(200 if "choices" in body else 400)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.send_json(body, 200 if "choices" in body else 400)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    script.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    yield script
-    server.shutdown()
-    server.server_close()
+    with serving(Handler) as url:
+        script.url = url
+        yield script
 
 
 @pytest.fixture

@@ -1,7 +1,12 @@
-"""Builders of realistic trajectories for tests."""
+"""Builders of realistic trajectories, and stand-in chat endpoints on 127.0.0.1, for tests."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -61,3 +66,34 @@ def tool_trajectory(reward: float, *, city: str = "Paris") -> art.Trajectory:
         metadata={"city": city, "attempt": 1},
         logs=["called get_weather once"],
     )
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that reads and answers JSON bodies."""
+
+    def read_json(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
+
+    def send_json(self, body: dict[str, Any], status: int = 200) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve `handler` on 127.0.0.1 from a thread; yields its OpenAI-style `/v1` base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()

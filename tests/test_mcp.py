@@ -13,15 +13,14 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
 import pytest
 import pytest_asyncio
+from helpers import JsonHandler, serving
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -115,11 +114,11 @@ GENERATOR_ANSWERS = [
 ]
 
 
-class _ScriptedModel(BaseHTTPRequestHandler):
+class _ScriptedModel(JsonHandler):
     requests: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
-        request = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        request = self.read_json()
         type(self).requests.append(request)
         if request["model"] == "generator":
             answered = sum(1 for r in type(self).requests if r["model"] == "generator") - 1
@@ -143,25 +142,13 @@ class _ScriptedModel(BaseHTTPRequestHandler):
             ],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_json(body)
 
 
 @pytest.fixture(scope="module")
 def scripted_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedModel)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(_ScriptedModel) as url:
+        yield url
 
 
 def scripted(name: str, url: str) -> art.Model:
