@@ -1,45 +1,4 @@
-"""ART's `art.mcp` import path."""
+"""ART's `art.mcp` import path: the same names as `art.integrations.mcp`."""
 
-from .integrations.mcp import (
-    COMPLETE_TASK,
-    GeneratedScenario,
-    GeneratedScenarioCollection,
-    MCPConnectionError,
-    MCPEvaluation,
-    MCPResource,
-    MCPRolloutConfig,
-    MCPSession,
-    MCPTool,
-    RewardFn,
-    ScenarioGenerationError,
-    ScenarioResult,
-    Scorer,
-    ToolResult,
-    evaluate,
-    generate_scenarios,
-    mcp_rollout,
-    reward_scorer,
-    ruler_scorer,
-)
-
-__all__ = [
-    "COMPLETE_TASK",
-    "GeneratedScenario",
-    "GeneratedScenarioCollection",
-    "MCPConnectionError",
-    "MCPEvaluation",
-    "MCPResource",
-    "MCPRolloutConfig",
-    "MCPSession",
-    "MCPTool",
-    "RewardFn",
-    "ScenarioGenerationError",
-    "ScenarioResult",
-    "Scorer",
-    "ToolResult",
-    "evaluate",
-    "generate_scenarios",
-    "mcp_rollout",
-    "reward_scorer",
-    "ruler_scorer",
-]
+from .integrations.mcp import *  # noqa: F403
+from .integrations.mcp import __all__ as __all__
