@@ -212,12 +212,20 @@ class PeftTrainer:
         is loadable as `base_model` or `adapter_dir` as it is.
         """
         directory.mkdir(parents=True, exist_ok=True)
-        weights = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+        config = self.model.peft_config[self.adapter]
+        # PEFT's "auto" asks the Hub whether the vocabulary was resized (warning offline);
+        # we never resize it, so embeddings are saved only when the adapter targets them.
+        targets = getattr(config, "target_modules", None) or ()
+        weights = get_peft_model_state_dict(
+            self.model,
+            adapter_name=self.adapter,
+            save_embedding_layers=any(name in ("embed_tokens", "lm_head") for name in targets),
+        )
         save_file(
             {key: value.detach().contiguous() for key, value in weights.items()},
             directory / "adapter_model.safetensors",
         )
-        self.model.peft_config[self.adapter].save_pretrained(str(directory))
+        config.save_pretrained(str(directory))
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
 
     def load_optimizer(self, directory: Path) -> bool:
