@@ -167,6 +167,17 @@ async def _run_autorl(args: argparse.Namespace) -> int:
     report = write_html(result, result.run_dir / "report.html")
     print(f"\nAutoRL: step {result.start_step} -> {result.step}")
     print(summary_table(result))
+    if result.groups_judged:
+        print(
+            f"{result.groups_with_spread} of {result.groups_judged} judged groups had scores "
+            "that differ; a GRPO step learns only from those."
+        )
+        if not result.groups_with_spread:
+            print(
+                "The judge gave every rollout of a group the same score, so nothing was learned. "
+                "A stronger judge tells them apart: --judge openai/gpt-4.1-mini with "
+                "OPENAI_API_KEY set, or any LiteLLM model."
+            )
     print(f"run: {result.run_dir}\nreport: {report}")
     return 0
 
@@ -190,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `art` console script and `python -m art`."""
     args = build_parser().parse_args(argv)
+    # LiteLLM fetches its model price list from GitHub at import unless told otherwise; the
+    # copy it ships is enough for cost metrics and keeps the command quiet and fast offline.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
 

@@ -52,6 +52,11 @@ def completed_cleanly(trajectory: art.Trajectory) -> float:
     return float(bool(trajectory.metrics["completed"]) and trajectory.metrics["tool_errors"] == 0)
 
 
+def spread(groups: list[art.TrajectoryGroup]) -> int:
+    """Groups whose rollouts the judge scored differently: the only ones GRPO learns from."""
+    return sum(len({t.reward for t in group}) > 1 for group in groups)
+
+
 async def main(arguments: argparse.Namespace) -> None:
     started = time.monotonic()
     run_dir = Path(arguments.path) / "art-mcp" / "models" / "notes-agent"
@@ -117,7 +122,8 @@ async def main(arguments: argparse.Namespace) -> None:
             calls = sum(float(t.metrics["tool_calls"]) for t in trajectories)
             errors = sum(float(t.metrics["tool_errors"]) for t in trajectories)
             print(
-                f"step {step + 1}: {len(groups)} groups judged, mean RULER score "
+                f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart), "
+                "mean RULER score "
                 f"{sum(t.reward for t in trajectories) / len(trajectories):.2f}, "
                 f"{calls / len(trajectories):.1f} tool calls per rollout, "
                 f"{errors / max(calls, 1):.0%} of them errors"

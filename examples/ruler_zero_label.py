@@ -61,6 +61,11 @@ async def rollout(model: art.TrainableModel, question: str) -> art.Trajectory:
     return trajectory  # reward stays 0: RULER sets it
 
 
+def spread(groups: list[art.TrajectoryGroup]) -> int:
+    """Groups whose rollouts the judge scored differently: the only ones GRPO learns from."""
+    return sum(len({t.reward for t in group}) > 1 for group in groups)
+
+
 async def main(arguments: argparse.Namespace) -> None:
     started = time.monotonic()
     run_dir = Path(arguments.path) / "art-ruler" / "models" / "zero-label"
@@ -110,7 +115,8 @@ async def main(arguments: argparse.Namespace) -> None:
         rewards = [t.reward for g in groups for t in g]
         best = max((t for g in groups for t in g), key=lambda t: t.reward)
         print(
-            f"step {step + 1}: {len(groups)} groups judged, mean RULER score "
+            f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart), "
+            "mean RULER score "
             f"{sum(rewards) / len(rewards):.2f}; best answer {best.messages()[-1]['content']!r}"
         )
         print(f"  {best.logs[-1]}")

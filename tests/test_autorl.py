@@ -217,6 +217,8 @@ def test_autorl_trains_end_to_end_writes_its_report_and_resumes(tmp_path: Path) 
     first = art_command(TASK, "--steps", "1", "--path", str(tmp_path), *SMALL_RUN)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "step 0 -> 1" in first.stdout
+    # Whatever the judge decided, the user is told whether the step had anything to learn.
+    assert "of 1 judged groups had scores that differ" in first.stdout
     model_dir = tmp_path / "autorl" / "models" / "autorl"
     run_dir = model_dir / "autorl"
     inputs = json.loads((run_dir / "inputs.json").read_text())

@@ -56,6 +56,8 @@ class AutoRLResult:
     start_step: int
     step: int
     evaluations: list[Evaluation]
+    groups_judged: int = 0  # in this run
+    groups_with_spread: int = 0  # of those, the ones whose scores differ: GRPO learns from these
 
 
 @dataclass
@@ -147,7 +149,7 @@ async def train(
 
     start_step = step = await model.get_step()
     rng = random.Random(seed * 1_000_003 + step)
-    failures = 0
+    failures = judged = with_spread = 0
     with tqdm(total=steps, initial=min(step, steps), desc="autorl", unit="step") as bar:
         while step < steps:
             chosen = rng.sample(inputs.train, groups_per_step)
@@ -171,6 +173,8 @@ async def train(
                     )
                 continue
             failures = 0
+            judged += len(groups)
+            with_spread += sum(len({t.reward for t in group}) > 1 for group in groups)
             await model.train(groups, config=TrainConfig(learning_rate=learning_rate))
             step = await model.get_step()
             bar.update(1)
@@ -185,7 +189,7 @@ async def train(
             await _evaluate(model, step, inputs, base_answers, models, rubric, max_tokens)
         )
         _save_evaluations(run_dir, evaluations)
-    return AutoRLResult(run_dir, inputs, start_step, step, evaluations)
+    return AutoRLResult(run_dir, inputs, start_step, step, evaluations, judged, with_spread)
 
 
 def _reach(
