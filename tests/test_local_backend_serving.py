@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -359,7 +360,7 @@ async def test_two_training_steps_save_serve_and_resume(
 
 
 async def test_a_step_without_reward_variance_trains_nothing_but_advances(
-    backend: LocalBackend, backend_path: Path
+    backend: LocalBackend, backend_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = art.TrainableModel(name="flat", project="tests", base_model=BASE)
     await model.register(backend)
@@ -373,8 +374,10 @@ async def test_a_step_without_reward_variance_trains_nothing_but_advances(
     groups = await art.gather_trajectory_groups(
         [art.TrajectoryGroup(constant("stone") for _ in range(3))], pbar_desc=None
     )
-    await model.train(groups)
+    with caplog.at_level(logging.WARNING, logger="art"):
+        await model.train(groups)
     assert await model.get_step() == 1
+    assert "flat step 1: every group's rewards are equal" in caplog.text  # the user is told
     row = json.loads(
         (backend_path / "tests" / "models" / "flat" / "history.jsonl").read_text().splitlines()[-1]
     )

@@ -22,6 +22,7 @@ from typing import Any
 from ..core.backend import Backend
 from ..core.errors import ConfigError, JudgeError
 from ..core.gather import gather_trajectory_groups
+from ..core.metrics import group_metrics
 from ..core.model import TrainableModel
 from ..core.storage import ModelStore, write_text_atomic
 from ..core.trajectories import Trajectory, TrajectoryGroup
@@ -174,7 +175,7 @@ async def train(
                 continue
             failures = 0
             judged += len(groups)
-            with_spread += sum(len({t.reward for t in group}) > 1 for group in groups)
+            with_spread += int(group_metrics(groups)["trainable_groups"])
             await model.train(groups, config=TrainConfig(learning_rate=learning_rate))
             step = await model.get_step()
             bar.update(1)

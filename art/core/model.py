@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Iterable
@@ -18,6 +19,8 @@ from .storage import check_split
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig
 from .validation import coerce_groups
+
+logger = logging.getLogger("art")
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -273,6 +276,13 @@ class TrainableModel(Model):
             verbose=verbose,
         )
         row: dict[str, float] = group_metrics(groups) | trainer_metrics
+        if row["num_trajectories"] and not row["trainable_groups"]:
+            logger.warning(
+                "%s step %d: every group's rewards are equal, so this step learned nothing; "
+                "a reward (or RULER judge) that tells a group's rollouts apart is needed",
+                self.name,
+                step + 1,
+            )
         row["train_seconds"] = time.monotonic() - started
         if self._last_step_end is not None:
             row["rollout_seconds"] = started - self._last_step_end
