@@ -6,7 +6,9 @@
     checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
 
 Every write goes to a temporary file in the same directory and is renamed into place,
-so a crash leaves either the old file or the new one, never half of one.
+so a crash leaves either the old file or the new one, never half of one. The new data is
+fsynced before the rename and the directory after it, so a power loss cannot publish a
+name whose contents never reached the disk, nor forget a rename that was reported done.
 """
 
 from __future__ import annotations
@@ -30,6 +32,31 @@ _STEP_DIR = re.compile(r"^\d{4,}$")
 _SPLIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of `directory` (creations, renames) durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Sync every file under `root`, then every directory bottom-up, `root` last."""
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_file(Path(directory, name))
+        fsync_dir(Path(directory))
+
+
 @contextmanager
 def atomic_path(target: Path) -> Iterator[Path]:
     """Yield a temporary path beside `target`; rename it onto `target` if the block succeeds."""
@@ -39,16 +66,16 @@ def atomic_path(target: Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        fsync_file(tmp)  # the writer may not have synced (Parquet, HTML reports)
         os.replace(tmp, target)
+        fsync_dir(target.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(target: Path, text: str) -> None:
-    with atomic_path(target) as tmp, tmp.open("w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
@@ -57,14 +84,17 @@ def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         fill(tmp)
+        fsync_tree(tmp)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(target, old)
             os.replace(tmp, target)
+            fsync_dir(target.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
+            fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -218,6 +248,8 @@ __all__ = [
     "ModelStore",
     "atomic_path",
     "check_split",
+    "fsync_dir",
+    "fsync_tree",
     "replace_dir_atomic",
     "write_text_atomic",
 ]
