@@ -1,8 +1,8 @@
-"""Zero-code capture: chat completions made by ordinary OpenAI clients become trajectories.
+"""Capture: chat completions made through `model.openai_client()` become trajectories.
 
-The main test runs a plain `AsyncOpenAI` agent loop against our local backend (token ids
-from the real model); the grouping rules use the scripted chat server fixture, whose
-answers are deterministic.
+The main test runs a plain OpenAI-SDK agent loop against our local backend (token ids
+from the real model); the grouping rules use the chat server fixture, whose answers are
+deterministic, behind an `art.Model`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.chat.chat_completion import Choice
 
 import art
+from art.integrations.capture import RecordingTransport
 from art.integrations.capture._sse import choice_from_sse
 from art.local import LocalBackend
 
@@ -53,9 +54,13 @@ def roles(items: list[Any]) -> list[str]:
     return ["assistant" if isinstance(item, Choice) else item["role"] for item in items]
 
 
-async def openai_agent(base_url: str, api_key: str, model_name: str, country: str) -> None:
+def echo_model(url: str) -> art.Model:
+    """An `art.Model` served by the echoing chat server fixture."""
+    return art.Model(name="m", project="capture", inference_base_url=url, inference_api_key="k")
+
+
+async def openai_agent(client: AsyncOpenAI, model_name: str, country: str) -> None:
     """An agent loop as written against the OpenAI SDK, with no `art` in it but the reward."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key)
     messages: list[Any] = [
         {"role": "system", "content": "You answer questions about countries."},
         {"role": "user", "content": f"What is the capital of {country}?"},
@@ -83,20 +88,13 @@ async def openai_agent(base_url: str, api_key: str, model_name: str, country: st
     )
     answer = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
     art.auto_trajectory(required=True).reward = float(CAPITALS[country] in answer)
-    await client.close()
 
 
 async def test_a_plain_openai_agent_loop_is_recorded_with_token_ids(
     model: art.TrainableModel,
 ) -> None:
-    assert model.inference_base_url is not None
     trajectory = await art.capture_auto_trajectory(
-        openai_agent(
-            model.inference_base_url,
-            model.inference_api_key or "none",
-            model.get_inference_name(),
-            "France",
-        )
+        openai_agent(model.openai_client(), model.get_inference_name(), "France")
     )
     items = trajectory.messages_and_choices
     assert roles(items) == ["system", "user", "assistant", "tool", "assistant"]
@@ -122,22 +120,23 @@ async def test_a_plain_openai_agent_loop_is_recorded_with_token_ids(
 async def test_a_conversation_extends_and_another_becomes_an_additional_history(
     chat_server_url: str,
 ) -> None:
+    client = echo_model(chat_server_url).openai_client()
+
     async def rollout() -> None:
-        client = AsyncOpenAI(base_url=chat_server_url, api_key="k")
         messages: list[Any] = [{"role": "user", "content": "hello"}]
         first = await client.chat.completions.create(model="m", messages=messages)
         messages += [first.choices[0].message.model_dump(exclude_none=True)]
         messages += [{"role": "user", "content": "and again"}]
         await client.chat.completions.create(model="m", messages=messages)
 
-        def summarize() -> None:  # a sync client, in a worker thread, another conversation
-            with OpenAI(base_url=chat_server_url, api_key="k") as sync_client:
-                sync_client.chat.completions.create(
+        def summarize() -> None:  # a sync client of the user's, in a worker thread
+            recording = httpx.Client(transport=RecordingTransport())
+            with OpenAI(base_url=chat_server_url, api_key="k", http_client=recording) as sync:
+                sync.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "summarize"}]
                 )
 
         await asyncio.to_thread(summarize)
-        await client.close()
 
     trajectory = await art.capture_auto_trajectory(rollout())
     assert [m["content"] for m in trajectory.messages()] == [
@@ -152,13 +151,14 @@ async def test_a_conversation_extends_and_another_becomes_an_additional_history(
 
 
 async def test_concurrent_captures_keep_their_own_calls(chat_server_url: str) -> None:
+    client = echo_model(chat_server_url).openai_client()  # one client shared by all
+
     async def rollout(word: str) -> None:
-        async with AsyncOpenAI(base_url=chat_server_url, api_key="k") as client:
-            for _ in range(2):
-                await asyncio.sleep(0)
-                await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": word}]
-                )
+        for _ in range(2):
+            await asyncio.sleep(0)
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": word}]
+            )
 
     words = [f"word{i}" for i in range(8)]
     trajectories = await asyncio.gather(
@@ -171,27 +171,70 @@ async def test_concurrent_captures_keep_their_own_calls(chat_server_url: str) ->
         assert contents == {word, f"echo: {word}"}
 
 
-async def test_outside_a_capture_nothing_is_recorded_and_httpx_is_restored(
+async def test_only_the_models_own_calls_inside_a_capture_are_recorded(
     chat_server_url: str,
 ) -> None:
     send, async_send = httpx.Client.send, httpx.AsyncClient.send
-    client = AsyncOpenAI(base_url=chat_server_url, api_key="k")
+    client = echo_model(chat_server_url).openai_client()
+    plain = AsyncOpenAI(base_url=chat_server_url, api_key="k")  # the user's own client
 
     async def rollout() -> None:
+        assert (httpx.Client.send, httpx.AsyncClient.send) == (send, async_send)
         assert art.auto_trajectory() is not None
         await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "in"}]
         )
-        async with httpx.AsyncClient() as plain:  # not a chat completion: not recorded
+        # A judge on the same endpoint, under another model name: not the trained model.
+        await client.chat.completions.create(
+            model="judge", messages=[{"role": "user", "content": "judge this"}]
+        )
+        # A client not made by art carries no recording transport.
+        await plain.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "plain client"}]
+        )
+        async with httpx.AsyncClient() as other:  # not a chat completion: not recorded
             body = {"model": "m", "messages": [{"role": "user", "content": "other"}]}
-            (await plain.post(f"{chat_server_url}/other", json=body)).raise_for_status()
+            (await other.post(f"{chat_server_url}/other", json=body)).raise_for_status()
 
     trajectory = await art.capture_auto_trajectory(rollout())
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "out"}])
     assert [m["content"] for m in trajectory.messages()] == ["in", "echo: in"]
-    assert (httpx.Client.send, httpx.AsyncClient.send) == (send, async_send)
+    assert trajectory.additional_histories == []
     assert art.auto_trajectory() is None
-    await client.close()
+    await plain.close()
+
+
+async def test_every_choice_of_n_samples_is_recorded(model: art.TrainableModel) -> None:
+    client = model.openai_client()
+    prompt = [{"role": "user", "content": "Name a color."}]
+
+    async def rollout() -> None:
+        await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=prompt,
+            n=3,
+            max_tokens=6,  # type: ignore[arg-type]
+        )
+        stream = await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=prompt,  # type: ignore[arg-type]
+            n=2,
+            max_tokens=6,
+            stream=True,
+        )
+        async for _ in stream:
+            pass
+
+    trajectory = await art.capture_auto_trajectory(rollout())
+    histories = [trajectory, *trajectory.additional_histories]
+    assert len(histories) == 5
+    for history in histories:
+        (user, choice) = history.messages_and_choices
+        assert user == prompt[0]
+        assert isinstance(choice, Choice)
+        assert (choice.model_extra or {})["token_ids"]
+    indices = [h.messages_and_choices[1].index for h in histories]  # type: ignore[union-attr]
+    assert indices == [0, 1, 2, 0, 1]
 
 
 def test_a_streamed_completion_is_reassembled_with_its_token_ids() -> None:

@@ -94,7 +94,12 @@ class Model(BaseModel):
         return self._backend
 
     def openai_client(self) -> AsyncOpenAI:
-        """An `AsyncOpenAI` client for this model's endpoint (one per model, reused)."""
+        """An `AsyncOpenAI` client for this model's endpoint (one per model, reused).
+
+        Its httpx transport records this model's chat completions into the rollout being
+        captured (`art.capture_auto_trajectory`), if any; requests for other models pass
+        through unrecorded.
+        """
         if self._openai_client is not None:
             return self._openai_client
         if self.inference_base_url is None:
@@ -110,12 +115,25 @@ class Model(BaseModel):
                 f"model {self.name!r} has no inference endpoint",
                 "Pass inference_base_url and inference_api_key to art.Model",
             )
+        import httpx
         from openai import AsyncOpenAI
 
+        from .recording import RecordingAsyncTransport, served_as
+
+        # A long rollout turn on a busy CPU engine is not a failure.
+        timeout = httpx.Timeout(1200.0, connect=10.0)
+        # The OpenAI SDK's own pool limits, which an httpx client of our own would lower.
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+        transport = RecordingAsyncTransport(
+            httpx.AsyncHTTPTransport(limits=limits), accepts=served_as(self.get_inference_name)
+        )
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
             api_key=self.inference_api_key or "none",
-            timeout=1200.0,  # a long rollout turn on a busy CPU engine is not a failure
+            timeout=1200.0,
+            # OpenAI SDK 3 types this as its httpx2 fork's client but takes httpx's too,
+            # which older SDKs need.
+            http_client=httpx.AsyncClient(transport=transport, timeout=timeout),  # type: ignore[arg-type]
         )
         return self._openai_client
 

@@ -1,17 +1,21 @@
 """Zero-code capture: the chat completions a rollout makes, recorded into a Trajectory.
 
     async def rollout(scenario: str) -> None:
-        client = AsyncOpenAI(base_url=model.inference_base_url, api_key=...)
-        ...  # any agent loop, any framework that talks to the model over httpx
+        client = model.openai_client()
+        ...  # any agent loop over that client
         art.auto_trajectory(required=True).reward = score(...)
 
     trajectory = await art.capture_auto_trajectory(rollout("..."))
 
-Every chat completion made inside the capture (the OpenAI SDK, langchain-openai and
-other httpx-based clients; streamed or not) is recorded with its request messages and
-tools and the returned choice, our endpoint's token ids and logprobs included, so the
-trajectory trains as if it had been built by hand. How calls become conversations is
-described in `_assemble`; how they are recorded, in `_httpx`.
+Every chat completion for the trained model made inside the capture through a client
+that carries a recording transport (`model.openai_client()`, `art.langgraph`'s chat
+models, or any httpx-based client given `RecordingTransport`/`RecordingAsyncTransport`;
+streamed or not, every choice when `n > 1`) is recorded with its request messages and
+tools and the returned choices, our endpoint's token ids and logprobs included, so the
+trajectory trains as if it had been built by hand. Calls to other models (a judge, a
+tool's own LLM) and clients without the transport are not recorded: nothing of httpx is
+patched. How calls become conversations is described in `_assemble`; how they are
+recorded, in `art.core.recording`.
 
 `yield_trajectory` / `capture_yielded_trajectory` are the other ART pattern: code deep
 inside a rollout hands its finished trajectory up, instead of returning it.
@@ -26,9 +30,9 @@ from contextvars import ContextVar
 from typing import Any, Literal, overload
 
 from ...core.errors import ArtValueError, RolloutError
+from ...core.recording import RecordingAsyncTransport, RecordingTransport
 from ...core.trajectories import Trajectory
 from ._assemble import conversations, fill
-from ._httpx import RecordingAsyncTransport, RecordingTransport, patched_send
 from ._recorder import RecordedCall, Recorder, current_recorder, recording
 
 _auto: ContextVar[Trajectory | None] = ContextVar("art_auto_trajectory", default=None)
@@ -82,7 +86,7 @@ async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
     recorder = Recorder(on_record=refresh)
     token = _auto.set(trajectory)
     try:
-        with patched_send(), recording(recorder):
+        with recording(recorder):
             await coroutine
     finally:
         _auto.reset(token)

@@ -6,14 +6,14 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ._sse import choice_from_sse
+from ...core.recording import current_sink, recording_into
+from ._sse import choices_from_sse
 
 if TYPE_CHECKING:
     from ...core.model import Model
@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RecordedCall:
-    """One chat completion: what was sent, and the first choice that came back."""
+    """One sampled choice of a chat completion, and what was sent for it.
+
+    A request with `n > 1` is recorded as one call per choice, all with the same `order`.
+    """
 
     order: int  # when the request was sent, relative to the rollout's other calls
     messages: list[dict[str, Any]]
@@ -57,42 +60,44 @@ class Recorder:
             return self._sent
 
     def add(self, order: int, request: dict[str, Any], body: bytes) -> None:
-        """Record a finished call from its request JSON and its response body (JSON or SSE)."""
+        """Record a finished call from its request JSON and its response body (JSON or SSE).
+
+        Every choice is recorded (`n > 1` samples the prompt n times, each trainable).
+        """
         try:
             if request.get("stream"):
-                choice = choice_from_sse(body)
+                choices = choices_from_sse(body)
             else:
-                choice = Choice.model_validate(json.loads(body)["choices"][0])
+                raw = json.loads(body)["choices"]
+                choices = [Choice.model_validate(choice) for choice in raw]
+                if not choices:
+                    raise ValueError("the response holds no choice")
         except (ValueError, KeyError, IndexError, TypeError, ValidationError) as error:
             # A response the client itself could read but we cannot: keep the rollout, note it.
             with self._lock:
                 self.problems.append(f"capture: call {order} not recorded: {error}")
             return
-        call = RecordedCall(order, list(request["messages"]), request.get("tools"), choice)
+        messages, tools = list(request["messages"]), request.get("tools")
+        calls = [RecordedCall(order, messages, tools, choice) for choice in choices]
         with self._lock:
-            self._calls.append(call)
+            self._calls.extend(calls)
         if self._on_record is not None:
             self._on_record(self)
 
     def calls(self) -> list[RecordedCall]:
         """The recorded calls in the order they were sent."""
         with self._lock:
-            return sorted(self._calls, key=lambda call: call.order)
-
-
-_current: ContextVar[Recorder | None] = ContextVar("art_capture_recorder", default=None)
+            return sorted(self._calls, key=lambda call: call.order)  # stable: choices in order
 
 
 def current_recorder() -> Recorder | None:
     """The recorder of the rollout this code runs in, if any."""
-    return _current.get()
+    sink = current_sink()
+    return sink if isinstance(sink, Recorder) else None
 
 
 @contextmanager
 def recording(recorder: Recorder) -> Iterator[Recorder]:
     """Record the chat completions made in this context (and tasks started from it)."""
-    token = _current.set(recorder)
-    try:
+    with recording_into(recorder):
         yield recorder
-    finally:
-        _current.reset(token)

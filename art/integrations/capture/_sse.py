@@ -12,8 +12,18 @@ from openai.types.chat.chat_completion import Choice
 _STANDARD = {"index", "delta", "finish_reason", "logprobs"}
 
 
-def choice_from_sse(body: bytes) -> Choice:
-    """The first choice of a streamed completion, with the extra fields its chunks carried.
+def choices_from_sse(body: bytes) -> list[Choice]:
+    """Every choice of a streamed completion (`n > 1` streams them interleaved), by index."""
+    indices = sorted(
+        {part.get("index", 0) for chunk in _events(body) for part in chunk.get("choices") or []}
+    )
+    if not indices:
+        raise ValueError("the stream held no choice")
+    return [choice_from_sse(body, index) for index in indices]
+
+
+def choice_from_sse(body: bytes, index: int = 0) -> Choice:
+    """Choice `index` of a streamed completion, with the extra fields its chunks carried.
 
     Text is concatenated, tool calls are merged by their index (name and arguments arrive
     in pieces), logprobs are concatenated; of the extras, `prompt_token_ids` is taken
@@ -28,8 +38,8 @@ def choice_from_sse(body: bytes) -> Choice:
     seen = False
     for chunk in _events(body):
         for part in chunk.get("choices") or []:
-            if part.get("index", 0) != 0:
-                continue  # n > 1: the first choice is the one recorded
+            if part.get("index", 0) != index:
+                continue  # another of n > 1 choices
             seen = True
             delta = part.get("delta") or {}
             if delta.get("content"):
@@ -57,7 +67,7 @@ def choice_from_sse(body: bytes) -> Choice:
     return Choice.model_validate(
         {
             **extras,
-            "index": 0,
+            "index": index,
             "message": message,
             "finish_reason": finish_reason,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},

@@ -57,8 +57,10 @@ def init_chat_model(
         model.openai_client()  # raises the error that says why this model has no endpoint
     import httpx
 
-    from ..capture import RecordingAsyncTransport, RecordingTransport
+    from ...core.recording import RecordingAsyncTransport, RecordingTransport, served_as
     from ._chat_model import ArtChatOpenAI
+
+    accepts = served_as(model.get_inference_name)
 
     return ArtChatOpenAI(
         model=model.get_inference_name(),
@@ -67,8 +69,8 @@ def init_chat_model(
         temperature=temperature,
         max_tokens=max_tokens,
         logprobs=True,
-        http_client=httpx.Client(transport=RecordingTransport()),
-        http_async_client=httpx.AsyncClient(transport=RecordingAsyncTransport()),
+        http_client=httpx.Client(transport=RecordingTransport(accepts=accepts)),
+        http_async_client=httpx.AsyncClient(transport=RecordingAsyncTransport(accepts=accepts)),
         # A CPU engine sends a tool-calling turn whole when it is done, after a silence
         # longer than LangChain's default wait between streamed chunks.
         **{"stream_chunk_timeout": None, **kwargs},

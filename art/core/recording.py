@@ -1,0 +1,215 @@
+"""Recording chat completions through httpx's own extension point, its transports.
+
+A client made by `model.openai_client()` (or `art.langgraph.init_chat_model`) sends
+through a `RecordingAsyncTransport`. While a rollout is being recorded (a `CallSink` is
+current in its context: `art.capture_auto_trajectory`, `art.langgraph.wrap_rollout`),
+each chat-completions request to the model the transport was made for is numbered as it
+is sent, the response body is kept as the client reads it (streamed or not), and the
+call is handed to the sink when the body is complete. Requests for any other model, and
+any request made outside a recording, pass straight through. Nothing of httpx is
+replaced: other clients in the process (a judge's, LiteLLM's) are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Protocol
+
+import httpx
+
+_CLAIMED = "art.recording.claimed"  # request extension: an outer transport records this call
+
+
+class CallSink(Protocol):
+    """Where the chat completions of one rollout go (the capture's `Recorder`)."""
+
+    def start(self) -> int:
+        """Number a request as it is sent."""
+        ...
+
+    def add(self, order: int, request: dict[str, Any], body: bytes) -> None:
+        """A finished call: its request JSON and its response body (JSON or SSE)."""
+        ...
+
+
+_sink: ContextVar[CallSink | None] = ContextVar("art_recording_sink", default=None)
+
+
+def current_sink() -> CallSink | None:
+    """The sink of the rollout this code runs in, if one is being recorded."""
+    return _sink.get()
+
+
+@contextmanager
+def recording_into(sink: CallSink) -> Iterator[CallSink]:
+    """Record the chat completions made in this context (and tasks started from it)."""
+    token = _sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _sink.reset(token)
+
+
+ModelFilter = Callable[[str], bool]
+
+
+def served_as(name: Callable[[], str]) -> ModelFilter:
+    """A filter accepting `name()` and its checkpoints `name()@step`."""
+
+    def accepts(requested: str) -> bool:
+        served = name()
+        return requested == served or requested.startswith(f"{served}@")
+
+    return accepts
+
+
+def _chat_request(request: httpx.Request) -> dict[str, Any] | None:
+    """The JSON body of a chat-completions request, or None for any other request."""
+    if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
+        return None
+    try:
+        body = json.loads(request.content)
+    except (RuntimeError, ValueError):  # a body not read yet (RequestNotRead), or not JSON
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return None
+    return body
+
+
+_Claim = tuple[CallSink, int, dict[str, Any]]
+
+
+def _claim(request: httpx.Request, accepts: ModelFilter | None) -> _Claim | None:
+    sink = current_sink()
+    if sink is None or request.extensions.get(_CLAIMED):
+        return None
+    body = _chat_request(request)
+    if body is None:
+        return None
+    if accepts is not None and not accepts(str(body.get("model", ""))):
+        return None  # another model on the same endpoint (a judge, the base): not trained
+    request.extensions[_CLAIMED] = True
+    return sink, sink.start(), body
+
+
+def _on_body(response: httpx.Response, claim: _Claim) -> Callable[[bytes], None]:
+    sink, order, body = claim
+
+    def record(raw: bytes) -> None:
+        if not response.is_success:
+            return  # the client raises for it; nothing was sampled
+        # The stream gives the bytes as sent; a fresh response decodes any gzip/br.
+        decoded = httpx.Response(200, headers=response.headers, content=raw).read()
+        sink.add(order, body, decoded)
+
+    return record
+
+
+class _Tap:
+    """Keeps the bytes of a response body as the client reads them, and records on close."""
+
+    def __init__(self, on_body: Callable[[bytes], None]) -> None:
+        self._on_body = on_body
+        self._parts: list[bytes] = []
+        self._complete = self._recorded = False
+
+    def finish(self) -> None:
+        if self._complete and not self._recorded:  # a body cut short has no final chunk
+            self._recorded = True
+            self._on_body(b"".join(self._parts))
+
+
+class _RecordingStream(httpx.SyncByteStream):
+    def __init__(self, inner: httpx.SyncByteStream, tap: _Tap) -> None:
+        self._inner, self._tap = inner, tap
+
+    def __iter__(self) -> Iterator[bytes]:
+        for part in self._inner:
+            self._tap._parts.append(part)
+            yield part
+        self._tap._complete = True
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._tap.finish()
+
+
+class _RecordingAsyncStream(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, tap: _Tap) -> None:
+        self._inner, self._tap = inner, tap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._inner:
+            self._tap._parts.append(part)
+            yield part
+        self._tap._complete = True
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._tap.finish()
+
+
+class RecordingTransport(httpx.BaseTransport):
+    """An httpx transport that records chat completions sent inside a recorded rollout.
+
+    `accepts` limits recording to some `model` values (see `served_as`); None records
+    every chat completion sent through it.
+    """
+
+    def __init__(
+        self, inner: httpx.BaseTransport | None = None, *, accepts: ModelFilter | None = None
+    ) -> None:
+        self._inner = inner or httpx.HTTPTransport()
+        self._accepts = accepts
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        claim = _claim(request, self._accepts)
+        response = self._inner.handle_request(request)
+        if claim is not None:
+            assert isinstance(response.stream, httpx.SyncByteStream)
+            response.stream = _RecordingStream(response.stream, _Tap(_on_body(response, claim)))
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class RecordingAsyncTransport(httpx.AsyncBaseTransport):
+    """The async twin of `RecordingTransport`."""
+
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport | None = None, *, accepts: ModelFilter | None = None
+    ) -> None:
+        self._inner = inner or httpx.AsyncHTTPTransport()
+        self._accepts = accepts
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        claim = _claim(request, self._accepts)
+        response = await self._inner.handle_async_request(request)
+        if claim is not None:
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            response.stream = _RecordingAsyncStream(
+                response.stream, _Tap(_on_body(response, claim))
+            )
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+__all__ = [
+    "CallSink",
+    "ModelFilter",
+    "RecordingAsyncTransport",
+    "RecordingTransport",
+    "current_sink",
+    "recording_into",
+    "served_as",
+]
