@@ -25,6 +25,8 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 import art
+from art.core.gather import completion_tokens
+from art.core.storage import ModelStore
 from art.langgraph import init_chat_model, wrap_rollout
 from art.local import LocalBackend
 
@@ -224,21 +226,31 @@ async def test_a_second_llm_node_becomes_an_additional_history(
 # --- training on what was recorded ------------------------------------------------------
 
 
-async def test_one_training_step_on_recorded_trajectories_advances_the_step(
+async def test_one_training_step_trains_every_sampled_token_of_the_recorded_trajectories(
     model: art.TrainableModel,
     react_trajectories: list[art.Trajectory],
     custom_trajectory: art.Trajectory,
 ) -> None:
     for index, trajectory in enumerate(react_trajectories):
         trajectory.reward = float(index % 2)
-    custom_trajectory.reward = 0.5
+    custom_trajectory.reward = 1.0  # above its group's mean: its summary history trains too
     groups = [
         art.TrajectoryGroup(react_trajectories[:4]),
         art.TrajectoryGroup([*react_trajectories[4:], custom_trajectory]),
     ]
+    sampled = sum(completion_tokens(t) for group in groups for t in group.trajectories)
+    assert completion_tokens(custom_trajectory) > completion_tokens(
+        art.Trajectory(messages_and_choices=custom_trajectory.messages_and_choices)
+    )  # the additional history holds sampled tokens of its own
     before = await model.get_step()
     await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
     assert await model.get_step() == before + 1
+    backend = model.backend()
+    assert isinstance(backend, LocalBackend)
+    row = ModelStore(backend.path, model.project, model.name).read_history()[-1]
+    # Every trajectory has a non-zero advantage, so every token the model sampled, in the
+    # main conversations and the additional history alike, is trained; nothing else is.
+    assert row["train/tokens_trained"] == sampled > 0
 
 
 # --- errors -----------------------------------------------------------------------------

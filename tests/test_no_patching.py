@@ -26,9 +26,12 @@ def _imported_names(tree: ast.Module) -> set[str]:
             for alias in node.names:
                 if alias.name.split(".")[0] != "art":
                     names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and (node.module or "").split(".")[0] != "art":
-                names.update(alias.asname or alias.name for alias in node.names)
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] != "art"
+        ):
+            names.update(alias.asname or alias.name for alias in node.names)
     return names
 
 
