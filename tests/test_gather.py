@@ -172,23 +172,25 @@ async def test_gather_trajectories_keeps_failures_in_place_within_the_budget() -
 
 async def test_cancellation_is_not_swallowed_as_a_rollout_failure() -> None:
     started: list[asyncio.Task[object]] = []
+    all_started = asyncio.Event()
 
     async def endless() -> art.Trajectory:
         task = asyncio.current_task()
         assert task is not None
         started.append(task)
+        if len(started) == 3:
+            all_started.set()
         await asyncio.Event().wait()  # never set: only cancellation ends it
         raise AssertionError("unreachable")
 
-    gather = asyncio.ensure_future(
+    gathering = asyncio.create_task(
         art.gather_trajectory_groups(
             [art.TrajectoryGroup(endless() for _ in range(3))], max_exceptions=10
         )
     )
-    while len(started) < 3:
-        await asyncio.sleep(0)
-    gather.cancel()
+    await all_started.wait()
+    gathering.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await gather
+        await gathering
     # No rollout is left running, and none was counted as a failed rollout.
     assert all(task.done() and task.cancelled() for task in started)
