@@ -183,7 +183,7 @@ async def test_cancellation_is_not_swallowed_as_a_rollout_failure() -> None:
         await asyncio.Event().wait()  # never set: only cancellation ends it
         raise AssertionError("unreachable")
 
-    gathering = asyncio.create_task(
+    gathering: asyncio.Task[list[art.TrajectoryGroup]] = asyncio.create_task(
         art.gather_trajectory_groups(
             [art.TrajectoryGroup(endless() for _ in range(3))], max_exceptions=10
         )
