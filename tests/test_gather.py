@@ -184,8 +184,7 @@ async def test_cancellation_is_not_swallowed_as_a_rollout_failure() -> None:
         raise AssertionError("unreachable")
 
     rollouts = [art.TrajectoryGroup(endless() for _ in range(3))]
-    # ruff's RUF006 misses that the task is kept and awaited below.
-    gathering = asyncio.create_task(art.gather_trajectory_groups(rollouts, max_exceptions=10))  # noqa: RUF006
+    gathering = asyncio.create_task(art.gather_trajectory_groups(rollouts, max_exceptions=10))
     await all_started.wait()
     gathering.cancel()
     with pytest.raises(asyncio.CancelledError):
