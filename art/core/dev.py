@@ -1,17 +1,20 @@
 """Advanced configuration: GRPO knobs and how a model is loaded, served and trained.
 
 Every class is frozen and rejects unknown fields, so a typo is an error at the line
-that made it rather than a setting silently ignored.
+that made it rather than a setting silently ignored; a bad value or key raises
+`ConfigError` naming it (and, for a key of ART's own config dicts, what to use here).
 """
 
 from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from .config_errors import ConfigModel
 
 
-class _Config(BaseModel):
+class _Config(ConfigModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

@@ -9,10 +9,17 @@
     ├── RolloutError                             a rollout that failed in a way `art` itself detected
     ├── JudgeError                               an LLM judge (RULER) that answered unusably
     ├── BackendError                             a backend that failed or cannot be reached
-    └── TrainingError                            a training step that failed
+    ├── TrainingError                            a training step that failed (`step`: the step it was making)
+    ├── MCPConnectionError                       an MCP server that could not be started or reached
+    │                                            (art.integrations.mcp.session)
+    ├── ScenarioGenerationError                  MCP scenarios the generator model could not write
+    │                                            (art.integrations.mcp.generate)
+    └── InputGenerationError                     AutoRL inputs the generator model could not write
+                                                 (art.autorl.inputs)
 
 Each error carries the context it is about (a field path, a model name, a step) as
-attributes, and its message says what to do about it.
+attributes, and its message says what to do about it. Bad config values (`TrainConfig`,
+`art.dev.*`, `Model`) raise `ConfigError`, never pydantic's `ValidationError`.
 """
 
 from __future__ import annotations
@@ -86,7 +93,8 @@ class BackendError(ArtError):
 
 
 class TrainingError(ArtError):
-    """A training step failed. `step` is the step that was being trained."""
+    """A training step failed. `step` is the checkpoint step it was making (`model.train`
+    fills it in when the backend did not)."""
 
     def __init__(self, message: str, *, step: int | None = None) -> None:
         self.step = step

@@ -43,12 +43,18 @@ class _Progress:
     reward_sum: float = 0.0
     completion_tokens: int = 0
     counts_tokens: bool = True
+    max_metrics: int | None = None  # trajectory metrics shown (first seen first); None: all
     metric_sums: dict[str, float] = field(default_factory=dict)
+    metric_counts: dict[str, int] = field(default_factory=dict)
 
     def add_trajectory(self, trajectory: Trajectory) -> None:
         self.trajectories += 1
         self.reward_sum += trajectory.reward
         self.completion_tokens += completion_tokens(trajectory)
+        for key, value in trajectory.metrics.items():
+            if isinstance(value, int | float):  # bools count as 0/1, as in the history
+                self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
+                self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
         self._refresh(advance=1)
 
     def add_exception(self, error: BaseException) -> None:
@@ -74,6 +80,9 @@ class _Progress:
         postfix: dict[str, Any] = {}
         if self.trajectories:
             postfix["reward"] = f"{self.reward_sum / self.trajectories:.3f}"
+        shown = list(self.metric_sums)[: self.max_metrics]
+        for key in shown:
+            postfix[key] = f"{self.metric_sums[key] / self.metric_counts[key]:.3g}"
         if self.exceptions:
             postfix["exceptions"] = self.exceptions
         if self.counts_tokens and self.completion_tokens:
@@ -187,6 +196,7 @@ async def gather_trajectory_groups(
     pbar_desc: str | None = "gather",
     pbar_total_completion_tokens: bool = True,
     max_exceptions: int | float = 0,
+    max_metrics: int | None = None,
     after_each: AfterEach | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every group's rollouts concurrently and return the finished groups in order.
@@ -197,16 +207,27 @@ async def gather_trajectory_groups(
         pbar_total_completion_tokens: show the running count of sampled tokens.
         max_exceptions: how many rollouts may raise (an int count, or a float fraction
             of all rollouts) before the gather raises the last one.
+        max_metrics: how many of the trajectories' metrics the bar shows (their running
+            means, in the order first seen); None shows all, 0 none.
         after_each: awaited with each finished group; returns the group (or a new one,
             or a list of groups) to keep, or None to drop it. Runs while other groups
             are still rolling out, so scoring overlaps generation.
     """
     _check_max_exceptions(max_exceptions)
+    if max_metrics is not None and (
+        isinstance(max_metrics, bool) or not isinstance(max_metrics, int) or max_metrics < 0
+    ):
+        raise ConfigError(
+            "max_metrics",
+            f"got {max_metrics!r}",
+            "Pass how many metrics the progress bar shows (an int >= 0), or None for all",
+        )
     pending = list(groups)
     progress = _Progress(
         total=sum(_rollout_count(group) for group in pending),
         max_exceptions=max_exceptions,
         counts_tokens=pbar_total_completion_tokens,
+        max_metrics=max_metrics,
     )
     if pbar_desc is not None:
         progress.bar = tqdm(total=progress.total, desc=pbar_desc, unit="rollout")

@@ -9,11 +9,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
 from . import dev
 from .backend import Backend, InferenceEndpoint
-from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
+from .config_errors import ConfigModel, config_error
+from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, TrainingError
 from .metrics import group_metrics
 from .storage import check_split
 from .trajectories import Trajectory, TrajectoryGroup
@@ -30,7 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
-class Model(BaseModel):
+class Model(ConfigModel):
     """A model served elsewhere (an API model, or one you host), for rollouts and logging.
 
     Register it with a backend to log its trajectories next to a trained model's, to
@@ -232,20 +233,25 @@ class TrainableModel(Model):
         entity: str | None = None,
         id: str | None = None,
         config: Any = None,
-        _internal_config: dev.InternalModelConfig | None = None,
+        _internal_config: dev.InternalModelConfig | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         # BaseModel's own __init__: the generated signature of Model has no base_model.
-        BaseModel.__init__(
-            self,
-            name=name,
-            project=project,
-            base_model=base_model,
-            entity=entity,
-            id=id,
-            config=config,
-            **kwargs,
-        )
+        try:
+            BaseModel.__init__(
+                self,
+                name=name,
+                project=project,
+                base_model=base_model,
+                entity=entity,
+                id=id,
+                config=config,
+                **kwargs,
+            )
+        except ValidationError as error:
+            raise config_error(type(self), error) from None
+        if isinstance(_internal_config, dict):  # ART's InternalModelConfig is a dict
+            _internal_config = dev.InternalModelConfig(**_internal_config)
         if _internal_config is not None:
             if not isinstance(_internal_config, dev.InternalModelConfig):
                 raise ConfigError(
@@ -286,13 +292,18 @@ class TrainableModel(Model):
         # The trajectories are stored before training starts, so a failed step loses no data.
         await backend.log(self, groups, split="train", step=step, metrics={})
         started = time.monotonic()
-        trainer_metrics = await backend.train(
-            self,
-            groups,
-            config=config or TrainConfig(),
-            dev_config=_config or dev.TrainConfig(),
-            verbose=verbose,
-        )
+        try:
+            trainer_metrics = await backend.train(
+                self,
+                groups,
+                config=config or TrainConfig(),
+                dev_config=_config or dev.TrainConfig(),
+                verbose=verbose,
+            )
+        except TrainingError as error:
+            if error.step is None:  # the trainer does not know which step it was making
+                error.step = step + 1
+            raise
         row: dict[str, float] = group_metrics(groups) | trainer_metrics
         if row["num_trajectories"] and not row["trainable_groups"]:
             logger.warning(

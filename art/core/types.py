@@ -11,7 +11,9 @@ from typing import TypeAlias
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from .config_errors import ConfigModel
 
 Message: TypeAlias = ChatCompletionMessageParam
 MessageOrChoice: TypeAlias = Message | Choice
@@ -21,7 +23,7 @@ Tool: TypeAlias = ChatCompletionToolParam
 Tools: TypeAlias = list[Tool]
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(ConfigModel):
     """Settings of one `model.train(...)` call."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -122,8 +122,16 @@ class LocalBackend:
         verbose: bool,
     ) -> dict[str, float]:
         service = self._model_service()
+        store = self._store(model)
         async with self._lock(model):
-            return await asyncio.to_thread(
+            if verbose:
+                trajectories = sum(len(group.trajectories) for group in groups)
+                print(
+                    f"[{model.project}/{model.name}] training step {store.step() + 1} on "
+                    f"{len(groups)} groups ({trajectories} trajectories), "
+                    f"learning_rate={config.learning_rate:g}"
+                )
+            metrics: dict[str, float] = await asyncio.to_thread(
                 service.train,
                 model.project,
                 model.name,
@@ -131,6 +139,12 @@ class LocalBackend:
                 config.model_dump(mode="json"),
                 dev_config.model_dump(mode="json"),
             )
+            if verbose:
+                print(
+                    f"[{model.project}/{model.name}] saved and serving "
+                    f"{store.checkpoint_dir(store.step())}"
+                )
+            return metrics
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         store = self._store(model)

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ...core import dev
-from ...core.errors import ConfigError
 from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from . import models
 from .chat_format import tool_template_for
+from .config_support import check_supported
 from .engine import TransformersEngine
 from .openai_server import Route, build_app
 
@@ -127,13 +127,8 @@ class ModelService:
     def _load_trained(self, record: dict[str, Any]) -> _Trained:
         from .trainer import PeftTrainer, add_adapter
 
-        config = dev.InternalModelConfig.model_validate(record.get("internal_config") or {})
-        if config.engine not in (None, "transformers") or config.trainer not in (None, "peft"):
-            raise ConfigError(
-                "_internal_config",
-                f"engine={config.engine!r}, trainer={config.trainer!r} is not available on this machine",
-                "Leave engine and trainer unset (transformers + PEFT) for CPU training",
-            )
+        config = dev.InternalModelConfig(**(record.get("internal_config") or {}))
+        check_supported(config)
         resolved = models.resolve(record["base_model"])
         base = self._load_base(resolved, config)
         store = ModelStore(self.path, record["project"], record["name"])
