@@ -19,12 +19,17 @@ if TYPE_CHECKING:
 
 
 class InferenceEndpoint(BaseModel):
-    """Where a registered model answers OpenAI-compatible chat completions."""
+    """Where a registered model answers OpenAI-compatible chat completions.
+
+    `model_name` is the `model` value the endpoint routes to this model, where it differs
+    from the model's name (LocalBackend serves `project/name`).
+    """
 
     model_config = ConfigDict(frozen=True)
 
     base_url: str
     api_key: str
+    model_name: str | None = None
 
 
 @runtime_checkable

@@ -86,6 +86,8 @@ class Model(ConfigModel):
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
         self.inference_api_key = endpoint.api_key
+        if endpoint.model_name is not None:
+            self.inference_model_name = endpoint.model_name
         self._openai_client = None
 
     def backend(self) -> Backend:
@@ -139,7 +141,11 @@ class Model(ConfigModel):
         return self._openai_client
 
     def get_inference_name(self, step: int | None = None) -> str:
-        """The `model` value for chat completions: the latest checkpoint, or `name@step`."""
+        """The `model` value for chat completions: the latest checkpoint, or `name@step`.
+
+        For a model registered with a LocalBackend this is `project/name`, which routes to
+        this model even where another project has a model of the same name.
+        """
         base = self.inference_model_name or self.name
         return base if step is None else f"{base}@{step}"
 

@@ -88,7 +88,11 @@ class LocalBackend:
             # Loaded before model.json is written: a base model that cannot be loaded must
             # not leave a record that the corrected registration would then conflict with.
             served = await asyncio.to_thread(self._model_service().register, record)
-            endpoint = InferenceEndpoint(base_url=served["base_url"], api_key=served["api_key"])
+            endpoint = InferenceEndpoint(
+                base_url=served["base_url"],
+                api_key=served["api_key"],
+                model_name=served["model_name"],
+            )
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
         return endpoint

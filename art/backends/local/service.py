@@ -2,9 +2,14 @@
 
 One `ModelService` holds every trainable model registered with a LocalBackend. Models
 that share a base model share its weights: each gets its own LoRA adapter in one PEFT
-model, served as `name` (the latest step) and `name@step` (any checkpoint on disk),
-while the base itself is served under its own name. Decoding and training take turns
-on one lock per base model.
+model, while the base itself is served under its own name. Decoding and training take
+turns on one lock per base model.
+
+A trainable model is identified by (project, name): two projects may each have a model
+called `agent`. It is served as `project/name` (the latest step) and
+`project/name@step` (any checkpoint on disk), which is what `model.get_inference_name()`
+returns, and also as plain `name` / `name@step` while no other project's model has that
+name; once one does, the plain name is refused with an error that lists the full names.
 
 Its methods take and return plain JSON-like values, so the same object can be called
 in this process or, through `art.backends.local.process`, in a child process.
@@ -66,6 +71,7 @@ class _Base:
 class _Trained:
     """A registered trainable model."""
 
+    project: str
     name: str
     base: _Base
     adapter: str
@@ -98,11 +104,15 @@ class ModelService:
     # --- lifecycle ----------------------------------------------------------------------
 
     def register(self, record: dict[str, Any]) -> dict[str, str]:
-        """Load (or reuse) the model's base and adapter; return its endpoint."""
+        """Load (or reuse) the model's base and adapter; return its endpoint and served name."""
         with self._registry_lock:
             self.load(record)
             base_url = self._ensure_server()
-        return {"base_url": base_url, "api_key": self.api_key}
+        return {
+            "base_url": base_url,
+            "api_key": self.api_key,
+            "model_name": served_name(record["project"], record["name"]),
+        }
 
     def load(self, record: dict[str, Any]) -> None:
         """Load (or reuse) the model's base and adapter, without serving HTTP itself.
@@ -148,7 +158,9 @@ class ModelService:
             )
             if start_from is not None:
                 trainer.load_optimizer(start_from)
-            trained = _Trained(record["name"], base, adapter, store, trainer, resolved.name)
+            trained = _Trained(
+                record["project"], record["name"], base, adapter, store, trainer, resolved.name
+            )
             if not store.checkpoint_steps():
                 replace_dir_atomic(store.checkpoint_dir(0), trained.save)
         if base.engine is None:
@@ -228,23 +240,47 @@ class ModelService:
     # --- routing ----------------------------------------------------------------------------
 
     def route(self, model: str) -> Route:
-        for base in self._bases.values():
-            if model == base.name:
-                return self._route(base, None)
-        name, _, step_text = model.partition("@")  # model names cannot contain '@'
-        step = int(step_text) if step_text.isdigit() else None
-        matches = [t for t in self._models.values() if t.name == name]
-        if not matches:
+        trained, step_text = self._find(model)
+        if trained is None:
+            for base in self._bases.values():
+                if model == base.name:
+                    return self._route(base, None)
             raise KeyError(
                 f"unknown model {model!r}; this endpoint serves {', '.join(self.model_names())}"
             )
-        trained = matches[0]
+        step = int(step_text) if step_text.isdigit() else None
         if not step_text or step == trained.store.step():
             return self._route(trained.base, trained.adapter)
         if step is None or step not in trained.store.checkpoint_steps():
             steps = ", ".join(str(s) for s in trained.store.checkpoint_steps())
-            raise KeyError(f"model {name!r} has no checkpoint {step_text!r}; it has steps {steps}")
+            raise KeyError(
+                f"model {served_name(trained.project, trained.name)!r} has no checkpoint "
+                f"{step_text!r}; it has steps {steps}"
+            )
         return self._route(trained.base, self._checkpoint_adapter(trained, step))
+
+    def _find(self, model: str) -> tuple[_Trained | None, str]:
+        """The trainable model `model` names (`project/name` or a unique `name`), and its step.
+
+        A trained model's full name wins over a base model's hub name of the same spelling.
+        """
+        reference, _, step_text = model.partition("@")  # names cannot contain '@'
+        project, slash, name = reference.rpartition("/")
+        trained = list(self._models.values())  # one C-level copy; no lock held while routing
+        if slash:
+            for candidate in trained:
+                if (candidate.project, candidate.name) == (project, name):
+                    return candidate, step_text
+            return None, step_text
+        matches = [candidate for candidate in trained if candidate.name == reference]
+        if len(matches) > 1:
+            full = ", ".join(repr(served_name(t.project, t.name)) for t in matches)
+            raise KeyError(
+                f"model name {reference!r} is ambiguous: projects "
+                f"{', '.join(t.project for t in matches)} each have one. Use the full name "
+                f"({full}), which model.get_inference_name() returns"
+            )
+        return (matches[0] if matches else None), step_text
 
     def _checkpoint_adapter(self, trained: _Trained, step: int) -> str:
         base = trained.base
@@ -266,10 +302,24 @@ class ModelService:
 
     def model_names(self) -> list[str]:
         names = [base.name for base in self._bases.values()]
-        for trained in self._models.values():
-            names.append(trained.name)
-            names.extend(f"{trained.name}@{step}" for step in trained.store.checkpoint_steps())
+        trained = list(self._models.values())
+        counts: dict[str, int] = {}
+        for model in trained:
+            counts[model.name] = counts.get(model.name, 0) + 1
+        for model in trained:
+            steps = model.store.checkpoint_steps()
+            aliases = [served_name(model.project, model.name)]
+            if counts[model.name] == 1:
+                aliases.append(model.name)
+            for alias in aliases:
+                names.append(alias)
+                names.extend(f"{alias}@{step}" for step in steps)
         return names
+
+
+def served_name(project: str, name: str) -> str:
+    """The name a trainable model is served under, unambiguous across projects."""
+    return f"{project}/{name}"
 
 
 def _adapter_name(model_name: str, index: int) -> str:

@@ -1,5 +1,5 @@
 """ART's `art.local` import path."""
 
-from .backends.local import LocalBackend
+from ..backends.local import LocalBackend
 
 __all__ = ["LocalBackend"]

@@ -1,5 +1,5 @@
 """ART's `art.skypilot` import path."""
 
-from .backends.skypilot import SkyPilotBackend
+from ..backends.skypilot import SkyPilotBackend
 
 __all__ = ["SkyPilotBackend"]

@@ -1,0 +1,5 @@
+"""ART's `art.local.backend` import path."""
+
+from ..backends.local import LocalBackend
+
+__all__ = ["LocalBackend"]

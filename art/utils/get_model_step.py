@@ -1,0 +1,16 @@
+"""`get_model_step`: a model's current step read from a LocalBackend's directory."""
+
+from __future__ import annotations
+
+import os
+
+from ..core.model import Model
+from ..core.storage import ModelStore
+
+
+def get_model_step(model: Model, art_path: str | os.PathLike[str]) -> int:
+    """The highest checkpoint step of `model` under `art_path` (0 before any training)."""
+    return ModelStore(art_path, model.project, model.name).step()
+
+
+__all__ = ["get_model_step"]

@@ -1,0 +1,162 @@
+"""ART's own code runs unchanged: its import paths, its `art.utils` modules, its copy semantics.
+
+Written from ART's documented usage (the seeds) and its published package's module tree
+(`art.local.backend`, `art.skypilot.backend`, `art.utils.<module>`).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from pathlib import Path
+
+import pytest
+from helpers import sampled_choice
+
+import art
+
+
+def test_arts_backend_module_paths_are_the_same_classes() -> None:
+    from art.local import LocalBackend as FromPackage
+    from art.local.backend import LocalBackend
+    from art.serverless.backend import ServerlessBackend
+    from art.skypilot import SkyPilotBackend as SkyFromPackage
+    from art.skypilot.backend import SkyPilotBackend
+
+    assert LocalBackend is FromPackage is art.LocalBackend
+    assert SkyPilotBackend is SkyFromPackage
+    assert ServerlessBackend.__name__ == "ServerlessBackend"
+
+
+def test_art_utils_modules_and_functions_both_resolve() -> None:
+    for module, name in [
+        ("iterate_dataset", "iterate_dataset"),
+        ("limit_concurrency", "limit_concurrency"),
+        ("retry", "retry"),
+        ("format_message", "format_message"),
+        ("get_model_step", "get_model_step"),
+        ("log_http_errors", "log_http_errors"),
+        ("litellm", "convert_litellm_choice_to_openai"),
+    ]:
+        function = getattr(importlib.import_module(f"art.utils.{module}"), name)
+        assert callable(function), module
+    import art.utils
+
+    # Importing a submodule named like a function leaves the package's function in place.
+    assert art.utils.iterate_dataset is art.iterate_dataset
+    assert art.utils.limit_concurrency is art.limit_concurrency
+    assert art.utils.retry is art.retry
+    batch = next(iter(art.utils.iterate_dataset([1, 2, 3], groups_per_step=2, use_tqdm=False)))
+    assert (len(batch.items), batch.step) == (2, 0)
+
+
+def test_init_weave_with_wandb_says_it_is_not_built() -> None:
+    import art.utils
+
+    with pytest.raises(art.NotBuiltError, match=r"weave\.init"):
+        art.utils.init_weave_with_wandb("project")
+
+
+def test_format_message_writes_role_content_and_tool_calls() -> None:
+    from art.utils import format_message
+
+    assert format_message({"role": "user", "content": "hi"}) == "User:\nhi"
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    text = format_message({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert text == 'Assistant:\nf({"a": 1})'
+
+
+def test_get_model_step_reads_the_highest_checkpoint(tmp_path: Path) -> None:
+    from art.utils.get_model_step import get_model_step
+
+    model = art.TrainableModel(name="m", project="p", base_model="x")
+    assert get_model_step(model, tmp_path) == 0
+    for step in ("0000", "0003", ".0004.tmp"):
+        (tmp_path / "p" / "models" / "m" / "checkpoints" / step).mkdir(parents=True)
+    assert get_model_step(model, tmp_path) == 3
+
+
+async def test_log_http_errors_names_status_url_and_detail(chat_server_url: str) -> None:
+    import httpx
+
+    from art.utils import log_http_errors
+
+    @log_http_errors
+    async def missing() -> None:
+        async with httpx.AsyncClient() as client:
+            # The stand-in server answers GET with 501 (no handler): a status error.
+            (await client.get(f"{chat_server_url}/nothing")).raise_for_status()
+
+    with pytest.raises(art.BackendError, match=r"\[HTTP 501\] .*/nothing"):
+        await missing()
+
+
+async def test_a_litellm_choice_converts_to_the_openai_choice_a_trajectory_trains_on(
+    chat_server_url: str,
+) -> None:
+    import litellm
+    from openai.types.chat.chat_completion import Choice
+
+    from art.utils.litellm import convert_litellm_choice_to_openai
+
+    response = await litellm.acompletion(
+        model="openai/m",
+        api_base=chat_server_url,
+        api_key="k",
+        messages=[{"role": "user", "content": "hello there"}],
+        logprobs=True,
+    )
+    choice = convert_litellm_choice_to_openai(response.choices[0])  # type: ignore[union-attr]
+    assert isinstance(choice, Choice)
+    assert choice.message.content == "echo: hello there"
+    assert choice.logprobs is not None
+    assert choice.logprobs.content is not None
+    assert [t.token for t in choice.logprobs.content] == ["echo:", "hello", "there"]
+    trajectory = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "hello there"}, choice], reward=1.0
+    )
+    assert trajectory.messages()[-1]["content"] == "echo: hello there"
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    response = await litellm.acompletion(
+        model="openai/m",
+        api_base=chat_server_url,
+        api_key="k",
+        messages=[{"role": "user", "content": "call it"}],
+        tools=tools,
+    )
+    called = convert_litellm_choice_to_openai(response.choices[0])  # type: ignore[union-attr]
+    assert called.finish_reason == "tool_calls"
+    assert [(c.id, c.function.name) for c in called.message.tool_calls or []] == [  # type: ignore[union-attr]
+        ("call_1", "lookup")
+    ]
+
+
+def test_copies_of_trajectories_and_groups_behave_as_arts_pydantic_models() -> None:
+    """ART's models are plain pydantic ones: a shallow copy shares the lists, a deep one copies them."""
+    trajectory = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "q"}, sampled_choice("a b")],
+        reward=1.0,
+        metrics={"m": 1.0},
+        logs=["x"],
+    )
+    group = art.TrajectoryGroup([trajectory], metadata={"k": "v"})
+
+    shallow, shallow_group = copy.copy(trajectory), copy.copy(group)
+    assert shallow is not trajectory
+    assert shallow == trajectory
+    assert shallow.messages_and_choices is trajectory.messages_and_choices
+    assert shallow_group is not group
+    assert shallow_group.trajectories is group.trajectories
+
+    deep, deep_group = copy.deepcopy(trajectory), copy.deepcopy(group)
+    assert deep == trajectory
+    assert deep_group == group
+    deep.messages_and_choices.append({"role": "user", "content": "more"})
+    deep.logs.append("y")
+    deep_group.trajectories.append(deep)
+    deep_group.trajectories[0].metrics["m"] = 2.0
+    assert len(trajectory.messages_and_choices) == 2
+    assert trajectory.logs == ["x"]
+    assert len(group.trajectories) == 1
+    assert trajectory.metrics == {"m": 1.0}

@@ -1,0 +1,213 @@
+"""Models are (project, name): two projects' `agent`s on one LocalBackend never share anything.
+
+The acceptance script of issue 12: a user mixes two projects that both call their model
+`agent`, trains both, and each is served its own adapter. Also here, on the same loaded
+backend: registration refuses what the local engine cannot honour, `train(verbose=True)`
+reports, and a failed step's `TrainingError` says which step it was making.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+import pytest_asyncio
+from helpers import sampled_choice
+
+import art
+from art.local import LocalBackend
+
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
+
+
+@pytest.fixture(scope="module")
+def backend_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("projects") / ".art"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(backend_path: Path) -> AsyncIterator[LocalBackend]:
+    backend = LocalBackend(path=backend_path, in_process=True)
+    yield backend
+    await backend.close()
+
+
+async def probe_logprobs(model: art.Model, name: str) -> list[float]:
+    """The greedy answer's token logprobs under the adapter `name` routes to."""
+    completion = await model.openai_client().chat.completions.create(
+        model=name,
+        messages=PROBE,
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    extra = completion.choices[0].model_extra or {}
+    return [round(value, 4) for value in extra["token_logprobs"]]
+
+
+async def train_once(model: art.TrainableModel, rewarded: str) -> None:
+    """One step that rewards answers containing `rewarded` (and longer ones a little)."""
+    client = model.openai_client()
+
+    async def rollout(word: str) -> art.Trajectory:
+        messages = [{"role": "user", "content": f"Repeat the word {word}."}]
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=messages,
+            max_tokens=8,  # type: ignore[arg-type]
+        )
+        choice = completion.choices[0]
+        text = (choice.message.content or "").lower()
+        reward = float(rewarded in text) + len(text) / 100
+        return art.Trajectory(messages_and_choices=[*messages, choice], reward=reward)  # type: ignore[list-item]
+
+    groups = await art.gather_trajectory_groups(
+        (art.TrajectoryGroup(rollout(w) for _ in range(4)) for w in (rewarded, "river")),
+        pbar_desc=None,
+    )
+    await model.train(groups, config=art.TrainConfig(learning_rate=5e-3))
+
+
+async def test_two_projects_with_the_same_model_name_train_and_serve_their_own_adapters(
+    backend: LocalBackend, backend_path: Path
+) -> None:
+    alpha = art.TrainableModel(name="agent", project="alpha", base_model=BASE)
+    beta = art.TrainableModel(name="agent", project="beta", base_model=BASE)
+    await alpha.register(backend)
+    await beta.register(backend)
+    assert (alpha.get_inference_name(), beta.get_inference_name()) == ("alpha/agent", "beta/agent")
+    assert beta.get_inference_name(0) == "beta/agent@0"
+
+    base = await probe_logprobs(alpha, BASE)
+    assert await probe_logprobs(beta, beta.get_inference_name()) == base  # a fresh adapter
+
+    await train_once(alpha, "apple")
+    trained_alpha = await probe_logprobs(alpha, alpha.get_inference_name())
+    assert trained_alpha != base
+    assert await probe_logprobs(beta, beta.get_inference_name()) == base  # beta untouched
+
+    await train_once(beta, "stone")
+    assert (await alpha.get_step(), await beta.get_step()) == (1, 1)
+    trained_beta = await probe_logprobs(beta, beta.get_inference_name())
+    assert trained_beta not in (base, trained_alpha)
+    assert await probe_logprobs(alpha, alpha.get_inference_name()) == trained_alpha
+    assert await probe_logprobs(alpha, "alpha/agent@1") == trained_alpha
+    assert await probe_logprobs(beta, "beta/agent@0") == base
+
+    # Each project's files hold its own run.
+    for project in ("alpha", "beta"):
+        run = backend_path / project / "models" / "agent"
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000", "0001"]
+        rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+        assert [row["step"] for row in rows] == [0]
+
+    # The bare name is ambiguous now: refused, naming the full names.
+    listed = {m.id for m in (await alpha.openai_client().models.list()).data}
+    assert {"alpha/agent", "alpha/agent@1", "beta/agent", "beta/agent@0"} <= listed
+    assert "agent" not in listed
+    with pytest.raises(openai.NotFoundError, match="ambiguous") as raised:
+        await alpha.openai_client().chat.completions.create(
+            model="agent",
+            messages=PROBE,
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+    assert "alpha/agent" in str(raised.value)
+
+
+async def test_a_unique_name_is_still_served_bare(backend: LocalBackend) -> None:
+    solo = art.TrainableModel(name="solo", project="gamma", base_model=BASE)
+    await solo.register(backend)
+    listed = {m.id for m in (await solo.openai_client().models.list()).data}
+    assert {"solo", "solo@0", "gamma/solo", "gamma/solo@0"} <= listed
+    assert await probe_logprobs(solo, "solo@0") == await probe_logprobs(solo, "gamma/solo")
+
+
+async def test_verbose_training_reports_the_step_and_its_checkpoint(
+    backend: LocalBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = art.TrainableModel(name="talkative", project="delta", base_model=BASE)
+    await model.register(backend)
+    await train_once(model, "apple")
+    capsys.readouterr()
+    client = model.openai_client()
+    messages = [{"role": "user", "content": "Say hi."}]
+    choices = [
+        (
+            await client.chat.completions.create(
+                model=model.get_inference_name(),
+                messages=messages,
+                max_tokens=4,  # type: ignore[arg-type]
+            )
+        ).choices[0]
+        for _ in range(2)
+    ]
+    groups = [
+        art.TrajectoryGroup(
+            art.Trajectory(messages_and_choices=[*messages, choice], reward=float(i))  # type: ignore[list-item]
+            for i, choice in enumerate(choices)
+        )
+    ]
+    await model.train(groups, verbose=True)
+    out = capsys.readouterr().out
+    assert "[delta/talkative] training step 2 on 1 groups (2 trajectories)" in out
+    assert "saved and serving" in out
+    assert "checkpoints/0002" in out
+
+
+async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend) -> None:
+    model = art.TrainableModel(name="failing", project="delta", base_model=BASE)
+    await model.register(backend)
+    messages = [{"role": "user", "content": "hi"}]
+    groups = [
+        art.TrajectoryGroup(
+            art.Trajectory(messages_and_choices=[*messages, sampled_choice(t)], reward=r)  # type: ignore[list-item]
+            for t, r in (("a", 0.0), ("b", 1.0))
+        )
+    ]
+    with pytest.raises(art.TrainingError) as raised:
+        await model.train(groups)
+    assert raised.value.step == 1
+
+
+@pytest.mark.parametrize(
+    ("internal", "field", "says"),
+    [
+        (
+            art.dev.InternalModelConfig(init_args=art.dev.InitArgs(load_in_4bit=True)),
+            "init_args.load_in_4bit",
+            "CUDA, bitsandbytes",
+        ),
+        (
+            art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.8)),
+            "engine_args.gpu_memory_utilization",
+            "needs engine='vllm'",
+        ),
+        (
+            art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(enforce_eager=True)),
+            "engine_args.enforce_eager",
+            "needs engine='vllm'",
+        ),
+        (
+            art.dev.InternalModelConfig(trainer_gpu_ids=[0], inference_gpu_ids=[1]),
+            "trainer_gpu_ids",
+            "dedicated mode",
+        ),
+    ],
+)
+async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(
+    backend: LocalBackend,
+    backend_path: Path,
+    internal: art.dev.InternalModelConfig,
+    field: str,
+    says: str,
+) -> None:
+    model = art.TrainableModel(
+        name="refused", project="epsilon", base_model=BASE, _internal_config=internal
+    )
+    with pytest.raises(art.ConfigError, match=says) as raised:
+        await model.register(backend)
+    assert raised.value.field == f"_internal_config.{field}"
+    assert not (backend_path / "epsilon" / "models" / "refused").exists()
