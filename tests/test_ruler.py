@@ -6,13 +6,15 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import jsonschema
 import pytest
 import pytest_asyncio
 from conftest import ScriptedChat
 from helpers import WEATHER_TOOL, sampled_choice
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
 
 import art
 from art.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
@@ -338,3 +340,69 @@ async def test_a_real_judge_scores_a_group_of_4_and_the_cache_answers_once_it_is
     assert [t.reward for t in again] == [t.reward for t in judged]
     assert [t.logs for t in again] == [t.logs for t in judged]
     assert all(t.metrics["ruler_judge_completion_tokens"] == 0 for t in again)
+
+
+# --- a LangGraph rollout with two LLM nodes -----------------------------------------------
+
+
+class State(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    summary: str
+
+
+async def test_a_langgraph_gather_with_two_llm_nodes_is_judged_whole(
+    chat_server_url: str, scripted_chat: ScriptedChat, tmp_path: Path
+) -> None:
+    """A second LLM node becomes an additional history; RULER shows it to the judge."""
+    from langgraph.graph import END, START, StateGraph
+
+    from art.langgraph import init_chat_model, wrap_rollout
+
+    agent = art.Model(
+        name="agent", project="ruler", inference_base_url=chat_server_url, inference_api_key="k"
+    )
+
+    async def rollout(question: str) -> art.Trajectory:
+        llm = init_chat_model(agent)
+
+        async def answer(state: State) -> dict[str, Any]:
+            return {"messages": [await llm.ainvoke(state["messages"])]}
+
+        async def summarize(state: State) -> dict[str, Any]:
+            last = str(state["messages"][-1].content)
+            summary = await llm.ainvoke([("user", f"Summarize: {last}")])
+            return {"summary": str(summary.content)}
+
+        graph = StateGraph(State)
+        graph.add_node("answer", answer)
+        graph.add_node("summarize", summarize)
+        graph.add_edge(START, "answer")
+        graph.add_edge("answer", "summarize")
+        graph.add_edge("summarize", END)
+        await graph.compile().ainvoke({"messages": [("user", question)], "summary": ""})
+        return art.Trajectory(reward=0.0)
+
+    scripted_chat.answers.append(answer(("1", 0.9), ("2", 0.1)))
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(wrap_rollout(agent, rollout)(q) for q in ("7 + 5?", "8 + 1?"))],
+        pbar_desc=None,
+        after_each=lambda group: ruler_score_group(
+            group,
+            "openai/scripted-judge",
+            scripted_params(scripted_chat),
+            swallow_exceptions=True,
+            cache=tmp_path,
+        ),
+    )
+    (group,) = groups
+    assert [len(t.additional_histories) for t in group] == [1, 1]
+    assert [t.reward for t in group] == [0.9, 0.1]
+    (request,) = scripted_chat.requests
+    shown = request["messages"][1]["content"]
+    # Each trajectory's main conversation and its summarizer call, under its own id.
+    first = shown[shown.index('<trajectory id="1">') : shown.index('<trajectory id="2">')]
+    assert "echo: 7 + 5?" in first
+    assert "additional conversation 1 of 1" in first
+    assert "Summarize: echo: 7 + 5?" in first
+    assert "echo: Summarize: echo: 7 + 5?" in first
+    assert "Summarize: echo: 8 + 1?" in shown[shown.index('<trajectory id="2">') :]

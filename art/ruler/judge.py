@@ -104,9 +104,14 @@ async def ruler_score_group(
     (US dollars, where LiteLLM knows the price), so that summed over a step they give
     what the judge cost, and their mean in `history.jsonl` is the cost per rollout.
 
+    A trajectory with `additional_histories` (a LangGraph summarizer node, a sub-agent)
+    is judged whole: its main conversation, then each history under a divider saying it
+    is another LLM call of the same rollout (`whole_trajectory`).
+
     With `swallow_exceptions=True` any failure (an unusable answer, an unreachable
-    judge) is logged on the `art.ruler` logger and the group is dropped (None), which
-    `gather_trajectory_groups(after_each=...)` treats as "do not train on it".
+    judge, a trajectory that cannot be shown) is logged on the `art.ruler` logger and
+    the group is dropped (None), which `gather_trajectory_groups(after_each=...)` treats
+    as "do not train on it".
     """
     if not isinstance(group, TrajectoryGroup):
         raise TrajectoryValidationError(
@@ -114,17 +119,10 @@ async def ruler_score_group(
             f"expected an art.TrajectoryGroup, got {type(group).__name__}",
             "Score finished groups, e.g. as gather_trajectory_groups(after_each=...)",
         )
-    for index, trajectory in enumerate(group.trajectories):
-        if trajectory.additional_histories:
-            raise TrajectoryValidationError(
-                f"group.trajectories[{index}].additional_histories",
-                "RULER judges only the main conversation",
-                "Score trajectories without additional histories, or fold them into messages",
-            )
     trajectories = [trajectory.model_copy(deep=True) for trajectory in group.trajectories]
     try:
         judgement = await judge(
-            [trajectory.messages() for trajectory in trajectories],
+            [whole_trajectory(trajectory) for trajectory in trajectories],
             judge_model,
             extra_litellm_params,
             rubric,
@@ -274,10 +272,26 @@ def _cost(response: Any) -> float | None:
         return None
 
 
+def whole_trajectory(trajectory: Trajectory) -> list[Message]:
+    """The messages the judge reads for `trajectory`: the main conversation, then each
+    additional history after a divider naming it, so the judge sees every LLM call."""
+    messages: list[Message] = list(trajectory.messages())
+    count = len(trajectory.additional_histories)
+    for index, history in enumerate(trajectory.additional_histories, start=1):
+        divider = (
+            f"--- additional conversation {index} of {count} in this same trajectory: "
+            "another LLM call the agent made (a sub-agent, a summarizer, another node) ---"
+        )
+        messages.append({"role": "system", "content": divider})
+        messages.extend(history.messages())
+    return messages
+
+
 def _tools_of(trajectories: Sequence[Trajectory]) -> list[Tool]:
-    """Every distinct tool the trajectories had, in first-seen order."""
+    """Every distinct tool the trajectories had (histories included), in first-seen order."""
     seen: dict[str, Tool] = {}
     for trajectory in trajectories:
-        for tool in trajectory.tools or []:
-            seen.setdefault(json.dumps(tool, sort_keys=True), tool)
+        for owner in (trajectory, *trajectory.additional_histories):
+            for tool in owner.tools or []:
+                seen.setdefault(json.dumps(tool, sort_keys=True), tool)
     return list(seen.values())
