@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, JudgeError, TrajectoryValidationError
-from ..core.trajectories import Trajectory, TrajectoryGroup
+from ..core.trajectories import History, Trajectory, TrajectoryGroup
 from ..core.types import Message, Tool
 from .answer import TrajectoryScore, parse_scores
 from .cache import JudgeCache, cache_key, default_cache_dir
@@ -291,7 +291,8 @@ def _tools_of(trajectories: Sequence[Trajectory]) -> list[Tool]:
     """Every distinct tool the trajectories had (histories included), in first-seen order."""
     seen: dict[str, Tool] = {}
     for trajectory in trajectories:
-        for owner in (trajectory, *trajectory.additional_histories):
+        owners: list[Trajectory | History] = [trajectory, *trajectory.additional_histories]
+        for owner in owners:
             for tool in owner.tools or []:
                 seen.setdefault(json.dumps(tool, sort_keys=True), tool)
     return list(seen.values())
