@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -104,6 +104,7 @@ class ParsedOutput:
 
     content: str | None
     tool_calls: list[dict[str, Any]]
+    call_ends: list[int] = field(default_factory=list)  # where each call's block ends in the text
 
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -119,13 +120,15 @@ def parse_tool_calls(text: str) -> ParsedOutput:
     if start < 0:
         return ParsedOutput(text, [])
     calls: list[dict[str, Any]] = []
+    ends: list[int] = []
     for match in _CALL.finditer(text, start):
         call = _parse_call(match.group(1))
         if call is None:
             return ParsedOutput(text, [])
         calls.append(call)
+        ends.append(match.end())
     content = text[:start].strip()
-    return ParsedOutput(content or None, calls)
+    return ParsedOutput(content or None, calls, ends)
 
 
 def _parse_call(body: str) -> dict[str, Any] | None:

@@ -345,19 +345,48 @@ def _tools_grammar(
         raise ApiError(400, f"{param}: not a usable JSON schema: {error}", param=param) from error
 
 
-def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
+def _message(
+    body: ChatCompletionRequest, job: _Job, sample: Sample, tokenizer: Any
+) -> tuple[dict[str, Any], str, Sample]:
+    """The assistant message of `sample`, its finish reason, and the sample as returned.
+
+    With `parallel_tool_calls=False` only the first call is kept, and the returned sample
+    ends where that call ends: the token ids (and logprobs) a trajectory trains on are
+    the ones of the message it records, never of a call that was dropped.
+    """
     text = job.prefill + sample.text
     if not job.parse_tools:
-        return {"role": "assistant", "content": text}, sample.finish_reason
+        return {"role": "assistant", "content": text}, sample.finish_reason, sample
+    ends: list[int] = []
     if job.forced_tool is not None:
         calls, content = _forced_call(job.forced_tool, sample.text), None
     else:
         parsed = parse_tool_calls(text)
-        calls, content = parsed.tool_calls, parsed.content
+        calls, content, ends = parsed.tool_calls, parsed.content, parsed.call_ends
     if not calls or any(call["function"]["name"] not in job.tool_names for call in calls):
-        return {"role": "assistant", "content": text}, sample.finish_reason  # malformed: as text
-    calls = calls if body.parallel_tool_calls else calls[:1]
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        # malformed: as text
+        return {"role": "assistant", "content": text}, sample.finish_reason, sample
+    if not body.parallel_tool_calls and len(calls) > 1:
+        calls = calls[:1]
+        sample = _truncated(sample, tokenizer, ends[0] - len(job.prefill))
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls", sample
+
+
+def _truncated(sample: Sample, tokenizer: Any, end: int) -> Sample:
+    """`sample` cut after the fewest tokens whose text reaches character `end`."""
+    for count in range(1, len(sample.token_ids) + 1):
+        text = tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True)
+        if len(text) >= end:
+            break
+    else:
+        return sample
+    return Sample(
+        token_ids=sample.token_ids[:count],
+        logprobs=sample.logprobs[:count],
+        top_logprobs=sample.top_logprobs[:count],
+        finish_reason=sample.finish_reason,
+        text=tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True),
+    )
 
 
 def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
@@ -392,7 +421,7 @@ def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:
 def _choice(
     body: ChatCompletionRequest, route: Route, job: _Job, index: int, sample: Sample
 ) -> dict[str, Any]:
-    message, finish_reason = _message(body, job, sample)
+    message, finish_reason, sample = _message(body, job, sample, route.tokenizer)
     return {
         "index": index,
         "message": message,
@@ -491,7 +520,7 @@ async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> Async
                 yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
         samples = await generation
         for index, sample in enumerate(samples):
-            message, finish_reason = _message(body, job, sample)
+            message, finish_reason, _ = _message(body, job, sample, route.tokenizer)
             final_delta: dict[str, Any] = {}
             content = message.get("content") or ""
             if content[len(sent[index]) :]:
