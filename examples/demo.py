@@ -4,9 +4,10 @@ The task: answer small additions with the number alone. SmolLM2-135M-Instruct kn
 many of the sums but buries them in chatter; the reward pays 1.0 for the bare correct
 number and 0.5 for the correct number inside other text, so GRPO has something to
 learn from the first step. Held-out questions are answered greedily before and after
-training, and a plot of reward per step is written beside the run.
+training, and a plot of reward per step is written beside the run. A second start
+resumes the run from its last checkpoint; `--fresh` deletes it and starts over.
 
-    python examples/demo.py [--steps 16] [--path .art]
+    python examples/demo.py [--steps 16] [--path .art] [--fresh]
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ async def held_out_reward(
     return sum(t.reward for t in trajectories) / len(trajectories)
 
 
-def plot(history_path: Path, before: float, after: float, target: Path) -> None:
+def plot(history_path: Path, start: int, before: float, after: float, target: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +87,7 @@ def plot(history_path: Path, before: float, after: float, target: Path) -> None:
         [s for s, _ in train], [r for _, r in train], marker="o", label="training reward (sampled)"
     )
     axes.scatter(
-        [0, train[-1][0] + 1],
+        [start, train[-1][0] + 1 if train else start],
         [before, after],
         color="tab:red",
         zorder=3,
@@ -100,25 +101,28 @@ def plot(history_path: Path, before: float, after: float, target: Path) -> None:
     figure.savefig(target, dpi=120)
 
 
-async def main(steps: int, path: str, learning_rate: float) -> None:
+async def main(steps: int, path: str, learning_rate: float, fresh: bool) -> None:
     started = time.monotonic()
     run_dir = Path(path) / "art-demo" / "models" / "arithmetic"
-    if run_dir.exists():
-        print(f"starting the demo afresh: removing the previous run in {run_dir}")
+    if fresh and run_dir.exists():
+        print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
         shutil.rmtree(run_dir)
     backend = LocalBackend(path=path)
     model = art.TrainableModel(name="arithmetic", project="art-demo", base_model=BASE_MODEL)
     print(f"loading {BASE_MODEL} (the first run converts the embedded GGUF, ~30 s)")
     await model.register(backend)
+    start = await model.get_step()
+    if start:
+        print(f"resuming the run in {run_dir} at step {start} (--fresh starts over)")
 
     held_out = questions(seed=1, count=32)
     train_questions = questions(seed=2, count=256)
     before = await held_out_reward(model, held_out, "before")
     print(f"held-out reward before training: {before:.2f}")
 
-    rng = random.Random(0)
-    for step in range(await model.get_step(), steps):
-        batch = rng.sample(train_questions, 8)
+    for step in range(start, steps):
+        # Seeded by the step, so a resumed run draws the batches an unbroken one would.
+        batch = random.Random(step).sample(train_questions, 8)
         groups = await art.gather_trajectory_groups(
             (art.TrajectoryGroup(rollout(model, q) for _ in range(8)) for q in batch),
             pbar_desc=f"step {step + 1}/{steps}",
@@ -129,7 +133,7 @@ async def main(steps: int, path: str, learning_rate: float) -> None:
 
     after = await held_out_reward(model, held_out, "after")
     target = run_dir / "reward.png"
-    plot(run_dir / "history.jsonl", before, after, target)
+    plot(run_dir / "history.jsonl", start, before, after, target)
     await backend.close()
     print(
         f"held-out reward: {before:.2f} before, {after:.2f} after training ({after - before:+.2f}); "
@@ -146,5 +150,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--path", default=".art", help="where the run is stored")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete the previous run and start over"
+    )
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.steps, arguments.path, arguments.learning_rate))
+    asyncio.run(main(arguments.steps, arguments.path, arguments.learning_rate, arguments.fresh))

@@ -7,7 +7,9 @@ with `art.langgraph.wrap_rollout`, which records every LLM call the graph makes 
 the sampled token ids) into the Trajectory the rollout returns. The reward is code:
 0.5 for calling the tool with the asked country, 0.5 more for naming the capital.
 
-    python examples/langgraph_agent.py [--steps 2] [--group-size 4] [--path .art]
+    python examples/langgraph_agent.py [--steps 2] [--group-size 4] [--path .art] [--fresh]
+
+A second start resumes the run from its last checkpoint; `--fresh` deletes it first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -74,10 +77,18 @@ async def rollout(country: str) -> art.Trajectory:
     return art.Trajectory(reward=score, metrics={"answered": score >= 0.5})
 
 
-async def main(steps: int, group_size: int, path: str) -> None:
+async def main(steps: int, group_size: int, path: str, fresh: bool) -> None:
     model = art.TrainableModel(name="capitals-agent", project="langgraph", base_model=BASE_MODEL)
+    run_dir = Path(path) / model.project / "models" / model.name
+    if fresh and run_dir.exists():
+        print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
+        shutil.rmtree(run_dir)
     backend = LocalBackend(path=path)
     await model.register(backend)
+    if await model.get_step():
+        print(
+            f"resuming the run in {run_dir} at step {await model.get_step()} (--fresh starts over)"
+        )
     countries = list(CAPITALS)
     try:
         for step in range(await model.get_step(), steps):
@@ -100,5 +111,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=2, help="training steps to take")
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per question")
     parser.add_argument("--path", default=".art", help="where models and logs are stored")
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete the previous run and start over"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.steps, args.group_size, args.path))
+    asyncio.run(main(args.steps, args.group_size, args.path, args.fresh))

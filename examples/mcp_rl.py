@@ -11,7 +11,9 @@
 By default the judge is the untrained base model, served beside ours by the same
 LocalBackend; `--judge openai/gpt-4.1-mini` (with OPENAI_API_KEY) uses a real one.
 
-    python examples/mcp_rl.py [--steps 2] [--path .art] [--judge MODEL]
+    python examples/mcp_rl.py [--steps 2] [--path .art] [--judge MODEL] [--fresh]
+
+A second start resumes the run from its last checkpoint; `--fresh` deletes it first.
 """
 
 from __future__ import annotations
@@ -60,13 +62,17 @@ def spread(groups: list[art.TrajectoryGroup]) -> int:
 async def main(arguments: argparse.Namespace) -> None:
     started = time.monotonic()
     run_dir = Path(arguments.path) / "art-mcp" / "models" / "notes-agent"
-    if run_dir.exists():
-        print(f"starting afresh: removing the previous run in {run_dir}")
+    if arguments.fresh and run_dir.exists():
+        print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     backend = LocalBackend(path=arguments.path)
     model = art.TrainableModel(name="notes-agent", project="art-mcp", base_model=BASE_MODEL)
     await model.register(backend)
+    if await model.get_step():
+        print(
+            f"resuming the run in {run_dir} at step {await model.get_step()} (--fresh starts over)"
+        )
 
     judge_model = arguments.judge or f"openai/{BASE_MODEL}"
     judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
@@ -151,5 +157,8 @@ if __name__ == "__main__":
     parser.add_argument("--val", type=int, default=2, help="held-out scenarios")
     parser.add_argument("--judge", default=None, help="a LiteLLM model; default: the base model")
     parser.add_argument("--path", default=".art", help="where the run is stored")
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete the previous run and start over"
+    )
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     asyncio.run(main(parser.parse_args()))

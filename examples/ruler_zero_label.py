@@ -6,7 +6,9 @@ By default the judge is the base model itself, served by the same LocalBackend u
 its own name, so the run needs nothing but this machine; name any LiteLLM model with
 `--judge` (e.g. `--judge openai/gpt-4.1-mini` with OPENAI_API_KEY set) for a real one.
 
-    python examples/ruler_zero_label.py [--steps 2] [--judge MODEL] [--path .art]
+    python examples/ruler_zero_label.py [--steps 2] [--judge MODEL] [--path .art] [--fresh]
+
+A second start resumes the run from its last checkpoint; `--fresh` deletes it first.
 """
 
 from __future__ import annotations
@@ -69,12 +71,16 @@ def spread(groups: list[art.TrajectoryGroup]) -> int:
 async def main(arguments: argparse.Namespace) -> None:
     started = time.monotonic()
     run_dir = Path(arguments.path) / "art-ruler" / "models" / "zero-label"
-    if run_dir.exists():
-        print(f"starting afresh: removing the previous run in {run_dir}")
+    if arguments.fresh and run_dir.exists():
+        print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
         shutil.rmtree(run_dir)
     backend = LocalBackend(path=arguments.path)
     model = art.TrainableModel(name="zero-label", project="art-ruler", base_model=BASE_MODEL)
     await model.register(backend)
+    if await model.get_step():
+        print(
+            f"resuming the run in {run_dir} at step {await model.get_step()} (--fresh starts over)"
+        )
 
     judge_model: str = arguments.judge or f"openai/{BASE_MODEL}"
     judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
@@ -92,10 +98,10 @@ async def main(arguments: argparse.Namespace) -> None:
             group, judge_model, judge_params, RUBRIC, swallow_exceptions=True
         )
 
-    rng = random.Random(0)
     failures = 0
     while (step := await model.get_step()) < arguments.steps:
-        questions = rng.sample(QUESTIONS, arguments.groups)
+        # Seeded by the step, so a resumed run draws the questions an unbroken one would.
+        questions = random.Random(step).sample(QUESTIONS, arguments.groups)
         groups = await art.gather_trajectory_groups(
             (
                 art.TrajectoryGroup(rollout(model, q) for _ in range(arguments.group_size))
@@ -136,5 +142,8 @@ if __name__ == "__main__":
         "--judge", default=None, help="a LiteLLM model name; default: the local base model"
     )
     parser.add_argument("--path", default=".art", help="where the run is stored")
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete the previous run and start over"
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     asyncio.run(main(parser.parse_args()))

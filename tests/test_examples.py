@@ -10,26 +10,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_demo_trains_a_step_and_writes_its_plot(tmp_path: Path) -> None:
+def run_demo(path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "demo.py"),
-            "--steps",
-            "1",
-            "--path",
-            str(tmp_path),
-        ],
+        [sys.executable, str(ROOT / "examples" / "demo.py"), "--path", str(path), *options],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
+    tmp_path: Path,
+) -> None:
+    result = run_demo(tmp_path, "--steps", "1")
     assert "held-out reward before training" in result.stdout
     assert "step 1: reward" in result.stdout
     run = tmp_path / "art-demo" / "models" / "arithmetic"
     assert (run / "reward.png").stat().st_size > 10_000
-    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    adapter = run / "checkpoints" / "0001" / "adapter_model.safetensors"
+    assert adapter.is_file()
+    trained = adapter.read_bytes()
+
+    # Started again, the run resumes: step 1 is kept and not trained again.
+    result = run_demo(tmp_path, "--steps", "1")
+    assert "resuming the run" in result.stdout
+    assert "at step 1" in result.stdout
+    assert "step 1: reward" not in result.stdout
+    assert adapter.read_bytes() == trained
+
+    # --fresh deletes the run and trains step 1 anew.
+    result = run_demo(tmp_path, "--steps", "1", "--fresh")
+    assert "removing the previous run" in result.stdout
+    assert "step 1: reward" in result.stdout
+    rows = [line for line in (run / "history.jsonl").read_text().splitlines() if "train/" in line]
+    assert len(rows) == 1  # the old run's history went with it
 
 
 def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
