@@ -1,4 +1,9 @@
-"""ART's `art.dev` import path: advanced model and training configuration."""
+"""ART's `art.dev` import path: advanced model and training configuration.
+
+ART's vLLM-server settings (`OpenAIServerConfig`, `ServerArgs`, `get_openai_server_config`)
+and `get_model_config` have no counterpart here: using one raises `NotBuiltError` saying
+what to use instead.
+"""
 
 from .core.dev import (
     EngineArgs,
@@ -8,12 +13,29 @@ from .core.dev import (
     TrainConfig,
     TrainerArgs,
 )
+from .core.not_built import not_built_class, not_built_function
+
+_SERVER = (
+    "this version serves with its own engine, not ART's vLLM OpenAI server; its settings "
+    "are InternalModelConfig(engine_args=EngineArgs(max_num_seqs=..., max_model_len=...))"
+)
+OpenAIServerConfig = not_built_class("art.dev.OpenAIServerConfig", _SERVER)
+ServerArgs = not_built_class("art.dev.ServerArgs", _SERVER)
+get_openai_server_config = not_built_function("art.dev.get_openai_server_config", _SERVER)
+get_model_config = not_built_function(
+    "art.dev.get_model_config",
+    "defaults are the fields of InternalModelConfig(); read model.internal_config",
+)
 
 __all__ = [
     "EngineArgs",
     "InitArgs",
     "InternalModelConfig",
+    "OpenAIServerConfig",
     "PeftArgs",
+    "ServerArgs",
     "TrainConfig",
     "TrainerArgs",
+    "get_model_config",
+    "get_openai_server_config",
 ]

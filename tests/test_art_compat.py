@@ -160,3 +160,16 @@ def test_copies_of_trajectories_and_groups_behave_as_arts_pydantic_models() -> N
     assert trajectory.logs == ["x"]
     assert len(group.trajectories) == 1
     assert trajectory.metrics == {"m": 1.0}
+
+
+async def test_arts_vllm_server_settings_fail_saying_what_to_use(tmp_path: Path) -> None:
+    for name in ("OpenAIServerConfig", "ServerArgs"):
+        with pytest.raises(art.NotBuiltError, match="EngineArgs"):
+            getattr(art.dev, name)(server_args={})
+    with pytest.raises(art.NotBuiltError, match="EngineArgs"):
+        art.dev.get_openai_server_config()
+    model = art.TrainableModel(name="m", project="p", base_model="x")
+    with pytest.raises(art.ConfigError) as raised:
+        await model.register(art.LocalBackend(path=tmp_path), _openai_client_config={})
+    assert raised.value.field == "_openai_client_config"
+    assert not (tmp_path / "p").exists()

@@ -278,6 +278,22 @@ class TrainableModel(Model):
     def internal_config(self) -> dev.InternalModelConfig:
         return self._internal_config
 
+    async def register(self, backend: Backend, _openai_client_config: Any = None) -> None:
+        """Bind this model to `backend`, which serves, trains and stores it.
+
+        `_openai_client_config` is ART's vLLM-server configuration, which has no
+        counterpart here: passing one is an error, not a setting silently dropped.
+        """
+        if _openai_client_config is not None:
+            raise ConfigError(
+                "_openai_client_config",
+                "configures ART's vLLM OpenAI server, which this version does not run",
+                "Remove it; the endpoint is configured by _internal_config="
+                "art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(max_num_seqs=..., "
+                "max_model_len=...))",
+            )
+        await super().register(backend)
+
     async def train(
         self,
         trajectory_groups: Iterable[TrajectoryGroup],
