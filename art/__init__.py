@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "Backend": "art.core.backend",
     "gather_trajectory_groups": "art.core.gather",
     "gather_trajectories": "art.core.gather",
+    "trajectory_group_batches": "art.core.not_built",
     "iterate_dataset": "art.core.utils",
     "limit_concurrency": "art.core.utils",
     "retry": "art.core.utils",
@@ -128,6 +129,7 @@ if TYPE_CHECKING:
     from .core.gather import gather_trajectory_groups as gather_trajectory_groups
     from .core.model import Model as Model
     from .core.model import TrainableModel as TrainableModel
+    from .core.not_built import trajectory_group_batches as trajectory_group_batches
     from .core.trajectories import History as History
     from .core.trajectories import MetadataValue as MetadataValue
     from .core.trajectories import PydanticException as PydanticException

@@ -173,3 +173,27 @@ async def test_arts_vllm_server_settings_fail_saying_what_to_use(tmp_path: Path)
         await model.register(art.LocalBackend(path=tmp_path), _openai_client_config={})
     assert raised.value.field == "_openai_client_config"
     assert not (tmp_path / "p").exists()
+
+
+def test_every_name_in_arts_top_level_api_exists() -> None:
+    """ART's `art.__all__` (its published package); a name not built here says so when used."""
+    arts = [
+        "dev",
+        "gather_trajectories",
+        "gather_trajectory_groups",
+        "trajectory_group_batches",
+        "Backend",
+        "Messages",
+        "MessagesAndChoices",
+        "Tools",
+        "Model",
+        "TrainableModel",
+        "retry",
+        "TrainConfig",
+        "Trajectory",
+        "TrajectoryGroup",
+    ]
+    for name in arts:
+        assert getattr(art, name) is not None, name
+    with pytest.raises(art.NotBuiltError, match="gather_trajectory_groups"):
+        art.trajectory_group_batches([], batch_size=2)

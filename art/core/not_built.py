@@ -31,3 +31,10 @@ def not_built_class(name: str, missing: str) -> Any:
 
     short = name.rsplit(".", 1)[-1]
     return type(short, (), {"__init__": __init__, "__doc__": f"Not available yet: {missing}"})
+
+
+trajectory_group_batches = not_built_function(
+    "art.trajectory_group_batches",
+    "gather each step's groups with `await art.gather_trajectory_groups(...)` "
+    "(rollouts of a step run concurrently), then `await model.train(groups)`",
+)
