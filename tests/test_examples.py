@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,6 +23,7 @@ def run_demo(path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.timeout(1800)  # three starts of the demo, two of them training
 def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
     tmp_path: Path,
 ) -> None:
