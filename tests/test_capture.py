@@ -224,17 +224,23 @@ async def test_every_choice_of_n_samples_is_recorded(model: art.TrainableModel) 
         )
         async for _ in stream:
             pass
+        # The bare name routes to the same model while it is unambiguous: recorded too.
+        await client.chat.completions.create(
+            model=model.name,
+            messages=prompt,
+            max_tokens=6,  # type: ignore[arg-type]
+        )
 
     trajectory = await art.capture_auto_trajectory(rollout())
     histories = [trajectory, *trajectory.additional_histories]
-    assert len(histories) == 5
+    assert len(histories) == 6
     for history in histories:
         (user, choice) = history.messages_and_choices
         assert user == prompt[0]
         assert isinstance(choice, Choice)
         assert (choice.model_extra or {})["token_ids"]
     indices = [h.messages_and_choices[1].index for h in histories]  # type: ignore[union-attr]
-    assert indices == [0, 1, 2, 0, 1]
+    assert indices == [0, 1, 2, 0, 1, 0]
 
 
 def test_a_streamed_completion_is_reassembled_with_its_token_ids() -> None:

@@ -128,7 +128,7 @@ class Model(ConfigModel):
         # The OpenAI SDK's own pool limits, which an httpx client of our own would lower.
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         transport = RecordingAsyncTransport(
-            httpx.AsyncHTTPTransport(limits=limits), accepts=served_as(self.get_inference_name)
+            httpx.AsyncHTTPTransport(limits=limits), accepts=served_as(self._served_names)
         )
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
@@ -148,6 +148,10 @@ class Model(ConfigModel):
         """
         base = self.inference_model_name or self.name
         return base if step is None else f"{base}@{step}"
+
+    def _served_names(self) -> set[str]:
+        """The `model` values that reach this model: its inference name and its plain name."""
+        return {self.get_inference_name(), self.name}
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion` that reach this model."""

@@ -13,7 +13,7 @@ replaced: other clients in the process (a judge's, LiteLLM's) are never touched.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol
@@ -56,12 +56,11 @@ def recording_into(sink: CallSink) -> Iterator[CallSink]:
 ModelFilter = Callable[[str], bool]
 
 
-def served_as(name: Callable[[], str]) -> ModelFilter:
-    """A filter accepting `name()` and its checkpoints `name()@step`."""
+def served_as(names: Callable[[], Iterable[str]]) -> ModelFilter:
+    """A filter accepting each of `names()` and its checkpoints (`name@step`)."""
 
     def accepts(requested: str) -> bool:
-        served = name()
-        return requested == served or requested.startswith(f"{served}@")
+        return any(requested == n or requested.startswith(f"{n}@") for n in names())
 
     return accepts
 
