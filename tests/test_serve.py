@@ -317,7 +317,7 @@ def test_skypilot_task_installs_art_and_serves_with_a_key_from_the_environment(
     )
     assert task["resources"] == {"ports": [7999], "accelerators": "H100", "cloud": "runpod"}
     assert task["envs"] == {"WANDB_API_KEY": "abc", "HF_TOKEN": "xyz", "ART_API_KEY": "generated"}
-    assert "'art[backend]==0.3.1'" in task["setup"]
+    assert "'art-grpo[backend]==0.3.1'" in task["setup"]
     assert task["run"] == "art serve --host 0.0.0.0 --port 7999 --path ~/.art"
     assert "generated" not in task["run"]  # the key stays out of the process list
     git = cluster_task(api_key="k", art_version="git+https://example.com/art.git")
@@ -326,5 +326,5 @@ def test_skypilot_task_installs_art_and_serves_with_a_key_from_the_environment(
 
 @pytest.mark.skipif(importlib.util.find_spec("sky") is not None, reason="SkyPilot is installed")
 async def test_skypilot_without_the_sdk_says_what_to_install() -> None:
-    with pytest.raises(art.BackendError, match=r"pip install 'art\[skypilot\]'.*sky check"):
+    with pytest.raises(art.BackendError, match=r"pip install 'art-grpo\[skypilot\]'.*sky check"):
         await SkyPilotBackend.initialize_cluster(cluster_name="c", gpu="H100")
