@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -82,8 +83,18 @@ def _serve(args: argparse.Namespace) -> int:
         args.path, None if args.no_auth else api_key, max_body_bytes=int(args.max_body_mb * 2**20)
     )
     print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
+    # One warning line per rejected request (from art.serve) instead of an access log line
+    # for every request.
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            lifespan="off",
+            access_log=False,
+        )
     finally:
         app.state.art_server.close()
     return 0

@@ -51,6 +51,7 @@ class Model(BaseModel):
 
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
+    _step_separator: str = PrivateAttr(default="@")
 
     @field_validator("name", "project")
     @classmethod
@@ -85,6 +86,9 @@ class Model(BaseModel):
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
         self.inference_api_key = endpoint.api_key
+        if endpoint.model_name is not None:
+            self.inference_model_name = endpoint.model_name
+        self._step_separator = endpoint.step_separator
         self._openai_client = None
 
     def backend(self) -> Backend:
@@ -120,9 +124,10 @@ class Model(BaseModel):
         return self._openai_client
 
     def get_inference_name(self, step: int | None = None) -> str:
-        """The `model` value for chat completions: the latest checkpoint, or `name@step`."""
+        """The `model` value for chat completions: the latest checkpoint, or `name@step`
+        (on the W&B Training API, `wandb-artifact:///entity/project/name:step<step>`)."""
         base = self.inference_model_name or self.name
-        return base if step is None else f"{base}@{step}"
+        return base if step is None else f"{base}{self._step_separator}{step}"
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion` that reach this model."""

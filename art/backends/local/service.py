@@ -13,6 +13,7 @@ in this process or, through `art.backends.local.process`, in a child process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import secrets
@@ -91,6 +92,7 @@ class ModelService:
         self.api_key = f"art-{secrets.token_urlsafe(24)}"
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Trained] = {}
+        self._adapter_ids = itertools.count()  # never reused, though models are unloaded
         self._registry_lock = threading.RLock()
         self._server: Any = None
         self._base_url: str | None = None
@@ -117,6 +119,21 @@ class ModelService:
     def is_loaded(self, project: str, name: str) -> bool:
         return f"{project}/{name}" in self._models
 
+    def unload(self, project: str, name: str) -> None:
+        """Stop serving and training a model: drop its adapter and loaded checkpoints."""
+        with self._registry_lock:
+            trained = self._models.pop(f"{project}/{name}", None)
+            if trained is None:
+                return
+            base = trained.base
+            with base.exclusive():  # in-flight requests finish first
+                for adapter in [
+                    a for a in base.checkpoints if a.startswith(f"{trained.adapter}_step")
+                ]:
+                    del base.checkpoints[adapter]
+                    base.model.delete_adapter(adapter)
+                base.model.delete_adapter(trained.adapter)
+
     def close(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
@@ -141,7 +158,7 @@ class ModelService:
         start_from = (
             store.checkpoint_dir(step) if store.checkpoint_steps() else resolved.adapter_dir
         )
-        adapter = _adapter_name(record["name"], len(self._models))
+        adapter = _adapter_name(record["name"], next(self._adapter_ids))
         with base.exclusive():
             base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
             base.model.set_adapter(adapter)
