@@ -254,6 +254,12 @@ async def test_a_killed_server_fails_the_client_and_restarts_at_the_last_step(
         await resumed.register(again)
         step = await resumed.get_step()
         assert step in (1, 2)  # 2 only if the kill came after the checkpoint's rename
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+            listed = await http.get(f"{second.url}/preview/training-jobs?model_id=serve~crash")
+        statuses = [job["status"] for job in listed.json()["data"]]
+        assert statuses[0] == "succeeded"
+        if step == 1:  # the restarted server says the cut-off job failed
+            assert statuses == ["succeeded", "failed"]
         steps = checkpoints(root, "serve", "crash")
         assert steps == [f"{s:04d}" for s in range(step + 1)]
         saved = root / "serve" / "models" / "crash" / "checkpoints"

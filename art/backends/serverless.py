@@ -390,7 +390,8 @@ def _result(method: str, url: str, response: httpx.Response) -> Any:
     if cls is not None and "problem" in error:
         raise cls(str(error.get("param")), str(error["problem"]), str(error.get("fix", "")))
     if response.status_code in (400, 422) and error.get("param"):
-        raise ConfigError(str(error["param"]), message, "Fix that field of the request")
+        param = str(error["param"])
+        raise ConfigError(param, message.removeprefix(f"{param}: "), "Fix that field and retry")
     if response.status_code == 401:
         raise BackendError(
             f"the art server at {url} refused the API key (401); pass the key it was "

@@ -31,6 +31,7 @@ import asyncio
 import re
 import shutil
 import threading
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -72,7 +73,12 @@ class ArtServer:
         self.path = path
         self.service = ModelService(path)
         self.loaded = LoadedModels()
+        self.journal_dir = Path(path) / ".art-serve" / "jobs"
+        journals = sorted(self.journal_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
         self.jobs: dict[str, TrainingJob] = {}
+        for journal in journals:
+            job = TrainingJob.restore(journal)
+            self.jobs[job.id] = job
         self._running: dict[str, TrainingJob] = {}  # model id -> its unfinished job
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -166,9 +172,10 @@ class ArtServer:
         store = self.store(body.model_id)
         config, dev_config = (body.experimental_config or ExperimentalTrainingConfig()).to_configs()
         groups = coerce_groups(_groups(body.trajectory_groups), "trajectory_groups")
-        job = TrainingJob(body.model_id, sum(len(group.trajectories) for group in groups))
         with self._guard:
             self.refuse_if_training(body.model_id)
+            sequences = sum(len(group.trajectories) for group in groups)
+            job = TrainingJob(body.model_id, sequences, self.journal_dir)
             self._running[body.model_id] = self.jobs[job.id] = job
         record = store.read_model() or {}
         groups_json = [group.model_dump_json() for group in groups]
@@ -188,15 +195,19 @@ class ArtServer:
     def delete(self, model_id: str) -> dict[str, Any]:
         store = self.store(model_id)
         with self._guard:
+            self.refuse_if_training(model_id)  # at once, not after waiting for the job's lock
+        with self.lock(model_id), self._guard:
             self.refuse_if_training(model_id)
-            with self.lock(model_id):
-                record = store.read_model() or {}
-                checkpoints = len(store.checkpoint_steps())
-                self.loaded.remove(record["project"], record["name"])
-                self.service.unload(record["project"], record["name"])
-                doomed = store.dir.with_name(f".{store.dir.name}.deleting")
-                store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
-                shutil.rmtree(doomed)
+            record = store.read_model() or {}
+            checkpoints = len(store.checkpoint_steps())
+            self.loaded.remove(record["project"], record["name"])
+            self.service.unload(record["project"], record["name"])
+            for job in [job for job in self.jobs.values() if job.model_id == model_id]:
+                del self.jobs[job.id]
+                job.forget()
+            doomed = store.dir.with_name(f".{store.dir.name}.deleting")
+            store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
+            shutil.rmtree(doomed)
         return {"model_id": model_id, "deleted_checkpoints": checkpoints, "deleted_run": False}
 
     def refuse_if_training(self, model_id: str) -> None:
@@ -218,8 +229,7 @@ class ArtServer:
                 return job
         raise ApiError(
             404,
-            f"training_job_id: unknown training job {job_id!r} (jobs are forgotten when the "
-            "server restarts; the model keeps its completed steps)",
+            f"training_job_id: unknown training job {job_id!r}",
             param="training_job_id",
             code="job_not_found",
         )

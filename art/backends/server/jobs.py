@@ -7,15 +7,19 @@ A job's events are those of the W&B Training API: `training_started`
 event has an id counting from "1", so a client that lost its connection asks for the
 events `after` the last one it saw and misses nothing.
 
-Jobs live in memory: a restarted server has forgotten them (a model keeps every step
-that completed; a job cut off by the restart left no checkpoint).
+Each job is journaled, one JSON line per event, under `<path>/.art-serve/jobs/`, so a
+restarted server still answers for its jobs: one that was cut off by the restart is
+reported as failed, and its model's step is its latest checkpoint.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from ...core.errors import ArtValueError, TrainingError
@@ -27,12 +31,50 @@ _FINAL = ("training_ended", "training_failed")
 class TrainingJob:
     """One training step of one model, and the events it has produced so far."""
 
-    def __init__(self, model_id: str, num_sequences: int) -> None:
-        self.id = f"job-{uuid.uuid4().hex}"
+    def __init__(
+        self, model_id: str, num_sequences: int, journal_dir: Path, id: str | None = None
+    ) -> None:
+        self.id = id or f"job-{uuid.uuid4().hex}"
         self.model_id = model_id
         self.num_sequences = num_sequences
         self._events: list[dict[str, Any]] = []
         self._changed = threading.Condition()
+        self._journal = journal_dir / f"{self.id}.jsonl"
+        if id is None:
+            self._append({"model_id": model_id, "num_sequences": num_sequences})
+
+    @classmethod
+    def restore(cls, journal: Path) -> TrainingJob:
+        """A job from its journal; one the server stopped during is marked failed."""
+        lines = journal.read_text(encoding="utf-8").splitlines()
+        header = json.loads(lines[0])
+        job = cls(header["model_id"], header["num_sequences"], journal.parent, journal.stem)
+        for line in lines[1:]:
+            try:
+                job._events.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # the server died while writing this line
+        if not job._ended():
+            job.emit(
+                "training_failed",
+                {
+                    "error_type": "ServerRestarted",
+                    "error_message": "art serve stopped during this job; the model's step is "
+                    "its latest checkpoint: train again from there",
+                },
+            )
+        return job
+
+    def forget(self) -> None:
+        """Remove the journal (the job's model was deleted)."""
+        self._journal.unlink(missing_ok=True)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self._journal.parent.mkdir(parents=True, exist_ok=True)
+        with self._journal.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
 
     @property
     def status(self) -> str:
@@ -48,7 +90,9 @@ class TrainingJob:
 
     def emit(self, type: EventType, data: dict[str, Any]) -> None:
         with self._changed:
-            self._events.append({"id": str(len(self._events) + 1), "type": type, "data": data})
+            event = {"id": str(len(self._events) + 1), "type": type, "data": data}
+            self._append(event)
+            self._events.append(event)
             self._changed.notify_all()
 
     def events_after(
