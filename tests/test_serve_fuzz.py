@@ -85,6 +85,9 @@ def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         {"project": "fuzz", "name": "", "base_model": BASE},
         {"project": 7, "name": "x", "base_model": BASE},
         {"project": "fuzz", "name": "x", "base_model": ""},
+        {"project": "fuzz", "name": "x", "base_model": "no-such-org/no-such-model"},
+        {"project": "fuzz", "name": "x", "base_model": "/etc"},
+        {"project": "fuzz", "name": "x", "base_model": "./nowhere"},
         {"project": "fuzz", "name": "x", "trainable": True},
         {"project": "fuzz", "name": "x", "base_model": BASE, "unknown": 1},
         {"project": "fuzz", "name": "x", "base_model": BASE, "entity": "a b"},
@@ -135,7 +138,8 @@ def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         {"model_id": "other~model", "metrics": {"x": 1}},
         {"trajectory_groups": "all"},
         {"trajectory_groups": [{"trajectories": "nope"}]},
-        {"trajectory_groups": [{"trajectories": [{"reward": 1}]}]},
+        {"trajectory_groups": [{"trajectories": [{"messages_and_choices": "x", "reward": 1}]}]},
+        {"trajectory_groups": [{"trajectories": [{"messages_and_choices": [], "reward": None}]}]},
         {"trajectory_groups": [{"trajectories": [{"messages_and_choices": [], "reward": "x"}]}]},
         {
             "trajectory_groups": [
@@ -291,7 +295,10 @@ async def test_malformed_requests_on_every_route_are_4xx_naming_the_field(
         for method, path, arguments in cases:
             sent = arguments.pop("headers", headers)  # the cases about keys send their own
             response = await http.request(method, path, headers=sent, **arguments)
-            error = response.json().get("error", {}) if response.content else {}
+            try:
+                error = response.json().get("error", {})
+            except ValueError:  # a body that is not JSON: a failure, shown with the rest
+                error = {"text": response.text[:200]}
             param = error.get("param")
             named = isinstance(param, str) and bool(param)
             if not 400 <= response.status_code < 500 or not named:

@@ -204,6 +204,8 @@ async def test_the_backend_can_be_awaited_as_arts_docs_write_it(server: Server) 
     assert model.get_inference_name() == "wandb-artifact:///local/wire/awaited"
     assert model.get_inference_name(0) == "wandb-artifact:///local/wire/awaited:step0"
     assert await model.get_step() == 0
+    await backend.delete(model)  # ART's `backend.delete(model)`
+    assert not (server.path / "wire" / "models" / "awaited").exists()
     await backend.close()
 
 

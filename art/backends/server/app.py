@@ -149,7 +149,7 @@ class ArtServer:
             )
         if body.trainable:
             # Loaded before model.json is written, as LocalBackend does.
-            self.service.load(record)
+            _load(self.service, record)
             self.loaded.add(record)
         with self.lock(model_id(body.project, body.name)):
             store.write_model(record)
@@ -236,6 +236,22 @@ class ArtServer:
 
     def close(self) -> None:
         self.service.close()
+
+
+def _load(service: ModelService, record: dict[str, Any]) -> None:
+    """Load a model for serving; what the client got wrong is a `ConfigError` naming it."""
+    try:
+        service.load(record)
+    except ArtValueError as error:
+        field = error.field.replace("_internal_config", "internal_config", 1)
+        raise type(error)(field, error.problem, error.fix) from error
+    except (OSError, ValueError) as error:  # transformers: no such model, or not one it reads
+        reason = f"{type(error).__name__}: {error}"[:300]
+        raise ConfigError(
+            "base_model",
+            f"this server cannot load {record['base_model']!r} ({reason})",
+            "Name a Hugging Face model the server can download, or a model directory on it",
+        ) from error
 
 
 def model_id(project: str, name: str) -> str:
@@ -546,6 +562,9 @@ def _valid(project: str, name: str) -> bool:
 def _groups(raw: list[dict[str, Any]]) -> list[TrajectoryGroup]:
     groups = []
     for index, item in enumerate(raw):
+        if not isinstance(item.get("trajectories"), list):
+            param = f"trajectory_groups[{index}].trajectories"
+            raise ApiError(400, f"{param}: must be a list of trajectories", param=param)
         try:
             groups.append(TrajectoryGroup.model_validate(item))
         except ValidationError as error:
