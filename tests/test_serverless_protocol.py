@@ -303,6 +303,13 @@ async def test_a_scoped_key_touches_only_its_models(
         await art.TrainableModel(name="x", project="team-b", base_model=BASE).register(
             ServerlessBackend(base_url=server.url, api_key=team["key"])
         )
+    # Nor may it start its own model from another's checkpoint on the server's disk.
+    stolen = server.path / "team-b" / "models" / "beta" / "checkpoints" / "0000"
+    assert stolen.is_dir()
+    with pytest.raises(art.BackendError, match="403"):
+        await art.TrainableModel(name="copy", project="team-a", base_model=str(stolen)).register(
+            ServerlessBackend(base_url=server.url, api_key=team["key"])
+        )
 
     as_team = {"Authorization": f"Bearer {team['key']}"}
     async with httpx.AsyncClient(base_url=server.url, headers=as_team, timeout=300) as scoped:

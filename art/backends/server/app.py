@@ -137,6 +137,7 @@ class ArtServer:
                 raise ConfigError(
                     "base_model", "a trainable model needs a base model", "Set base_model"
                 )
+            self.refuse_stored_base(body.base_model)
             record["base_model"] = body.base_model
             internal = body.internal_config
             record["internal_config"] = {} if internal is None else internal.model_dump(mode="json")
@@ -154,6 +155,21 @@ class ArtServer:
         with self.lock(model_id(body.project, body.name)):
             store.write_model(record)
         return describe(store, record)
+
+    def refuse_stored_base(self, base_model: str) -> None:
+        """A scoped key may not start from a checkpoint stored here: it may be another's."""
+        if current().admin:
+            return
+        root = Path(self.path).resolve()
+        candidate = Path(base_model).expanduser().resolve()
+        if candidate == root or root in candidate.parents:
+            raise ApiError(
+                403,
+                "base_model: a scoped key may not start from files under this server's "
+                "model store; ask the admin, or name a Hugging Face model",
+                param="base_model",
+                code="forbidden",
+            )
 
     def ensure_loaded(self, store: ModelStore) -> None:
         """Load a model registered before this server (re)started."""
