@@ -42,7 +42,8 @@ def _add_serve(subparsers: Any) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="the key clients send as 'Authorization: Bearer <key>' (default: $ART_API_KEY)",
+        help="the admin key, sent as 'Authorization: Bearer <key>'; it can issue keys scoped "
+        "to projects or models (POST /v1/keys) (default: $ART_API_KEY)",
     )
     parser.add_argument(
         "--no-auth",

@@ -196,7 +196,7 @@ def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("mask_prob_ratio", True),
         ("precalculate_logprobs", True),
         ("max_negative_advantage_importance_sampling_weight", 2.0),
-        ("kl_penalty_coef", -1),
+        ("beta", -1),
         ("max_grad_norm", 0),
         ("gradient_accumulation_sequences", 0),
         ("unknown_knob", 1),

@@ -234,7 +234,7 @@ async def test_training_config_is_checked_when_the_job_is_created(
         "epsilon": -1,
         "importance_sampling_level": "geometric_average",
         "advantage_balance": 0.5,
-        "kl_penalty_coef": -2,
+        "beta": -2,
         "no_such_knob": 1,
     }
     for field, value in cases.items():

@@ -366,7 +366,7 @@ def experimental_config(config: TrainConfig, dev_config: dev.TrainConfig) -> dic
     """Our training configs as the API's `experimental_config` (ART's field names)."""
     body: dict[str, Any] = {
         "learning_rate": config.learning_rate,
-        "kl_penalty_coef": config.beta or None,
+        "beta": config.beta or None,
         **dev_config.model_dump(mode="json"),
     }
     return {key: value for key, value in body.items() if value is not None}

@@ -29,264 +29,33 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
-import threading
-from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Query
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import HTMLResponse
 
-from ...core.errors import ArtValueError, ConfigError
+from ...core.errors import ConfigError
 from ...core.storage import ModelStore, check_split
-from ...core.trajectories import TrajectoryGroup
 from ...core.validation import coerce_groups
 from ..local.openai_server import ApiError, build_app
-from ..local.service import ModelService
-from .access import KeyStore, RequireKey, current, log_rejected
+from .access import KeyStore, RequireKey, current
+from .errors import add_error_handlers
 from .jobs import TrainingJob
 from .limits import BodyLimit
-from .routing import LoadedModels, ScopedRouter
+from .routing import ScopedRouter
 from .schemas import (
     NAME_PATTERN,
     DeleteCheckpoints,
-    ExperimentalTrainingConfig,
     KeyCreate,
     LogRequest,
     ModelCreate,
     TrainingJobCreate,
 )
+from .state import ArtServer, describe, parse_groups, valid_names
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_ENTITY = "local"  # W&B names an owner; a self-hosted server has one
 _MAX_POLL_SECONDS = 30.0
-
-
-class ArtServer:
-    """What one `art serve` process holds: the model service, its files and its jobs."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.service = ModelService(path)
-        self.loaded = LoadedModels()
-        self.journal_dir = Path(path) / ".art-serve" / "jobs"
-        journals = sorted(self.journal_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-        self.jobs: dict[str, TrainingJob] = {}
-        for journal in journals:
-            job = TrainingJob.restore(journal)
-            self.jobs[job.id] = job
-        self._running: dict[str, TrainingJob] = {}  # model id -> its unfinished job
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def store(self, model_id: str, param: str = "model_id") -> ModelStore:
-        """The model's files, if the key may use it; 404 for an id that names no model."""
-        project, _, name = model_id.partition("~")
-        if not _valid(project, name):
-            raise ApiError(
-                404, f"{param}: {model_id!r} is not a model id (project~name)", param=param
-            )
-        current().check(project, name, param)
-        store = ModelStore(self.path, project, name)
-        if store.read_model() is None:
-            raise ApiError(
-                404,
-                f"{param}: unknown model {model_id!r}; register it first (POST /v1/preview/models)",
-                param=param,
-                code="model_not_found",
-            )
-        return store
-
-    def lock(self, model_id: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(model_id, threading.Lock())
-
-    def register(self, body: ModelCreate) -> dict[str, Any]:
-        current().check(body.project, body.name, "name")
-        store = ModelStore(self.path, body.project, body.name)
-        existing = store.read_model()
-        if existing is not None and not body.return_existing:
-            raise ApiError(
-                409,
-                f"name: model {body.project}/{body.name} exists; send return_existing=true "
-                "to use it, or pick another name",
-                param="name",
-                code="model_exists",
-            )
-        entity = body.entity or (existing or {}).get("entity") or DEFAULT_ENTITY
-        if existing is not None and existing.get("entity", DEFAULT_ENTITY) != entity:
-            raise ConfigError(
-                "entity",
-                f"model {body.name!r} on this server belongs to entity "
-                f"{existing.get('entity', DEFAULT_ENTITY)!r}, not {entity!r}",
-                "Leave entity unset, or give the new run its own name",
-            )
-        record: dict[str, Any] = {
-            "name": body.name,
-            "project": body.project,
-            "entity": entity,
-            "trainable": body.trainable,
-            "config": body.config,
-        }
-        if body.trainable:
-            if body.base_model is None:
-                raise ConfigError(
-                    "base_model", "a trainable model needs a base model", "Set base_model"
-                )
-            self.refuse_stored_base(body.base_model)
-            record["base_model"] = body.base_model
-            internal = body.internal_config
-            record["internal_config"] = {} if internal is None else internal.model_dump(mode="json")
-        if existing is not None and existing.get("base_model") != record.get("base_model"):
-            raise ConfigError(
-                "base_model",
-                f"model {body.name!r} on this server was trained from "
-                f"{existing.get('base_model')!r}, not {record.get('base_model')!r}",
-                "Give the new run its own name, or keep the original base_model",
-            )
-        if body.trainable:
-            # Loaded before model.json is written, as LocalBackend does.
-            _load(self.service, record)
-            self.loaded.add(record)
-        with self.lock(model_id(body.project, body.name)):
-            store.write_model(record)
-        return describe(store, record)
-
-    def refuse_stored_base(self, base_model: str) -> None:
-        """A scoped key may not start from a checkpoint stored here: it may be another's."""
-        if current().admin:
-            return
-        root = Path(self.path).resolve()
-        candidate = Path(base_model).expanduser().resolve()
-        if candidate == root or root in candidate.parents:
-            raise ApiError(
-                403,
-                "base_model: a scoped key may not start from files under this server's "
-                "model store; ask the admin, or name a Hugging Face model",
-                param="base_model",
-                code="forbidden",
-            )
-
-    def ensure_loaded(self, store: ModelStore) -> None:
-        """Load a model registered before this server (re)started."""
-        record = store.read_model() or {}
-        if not record.get("trainable"):
-            raise ConfigError(
-                "model_id",
-                f"model {record.get('name')!r} is not trainable",
-                "Register an art.TrainableModel to train it",
-            )
-        if not self.service.is_loaded(record["project"], record["name"]):
-            self.service.load(record)
-        self.loaded.add({"entity": DEFAULT_ENTITY, **record})
-
-    def start_job(self, body: TrainingJobCreate) -> TrainingJob:
-        store = self.store(body.model_id)
-        config, dev_config = (body.experimental_config or ExperimentalTrainingConfig()).to_configs()
-        groups = coerce_groups(_groups(body.trajectory_groups), "trajectory_groups")
-        with self._guard:
-            self.refuse_if_training(body.model_id)
-            sequences = sum(len(group.trajectories) for group in groups)
-            job = TrainingJob(body.model_id, sequences, self.journal_dir)
-            self._running[body.model_id] = self.jobs[job.id] = job
-        record = store.read_model() or {}
-        groups_json = [group.model_dump_json() for group in groups]
-        config_json, dev_json = config.model_dump(mode="json"), dev_config.model_dump(mode="json")
-
-        def step() -> tuple[int, dict[str, float]]:
-            self.ensure_loaded(store)
-            with self.lock(body.model_id):
-                metrics = self.service.train(
-                    record["project"], record["name"], groups_json, config_json, dev_json
-                )
-            return store.step(), metrics
-
-        job.start(step)
-        return job
-
-    def delete(self, model_id: str) -> dict[str, Any]:
-        store = self.store(model_id)
-        with self._guard:
-            self.refuse_if_training(model_id)  # at once, not after waiting for the job's lock
-        with self.lock(model_id), self._guard:
-            self.refuse_if_training(model_id)
-            record = store.read_model() or {}
-            checkpoints = len(store.checkpoint_steps())
-            self.loaded.remove(record["project"], record["name"])
-            self.service.unload(record["project"], record["name"])
-            for job in [job for job in self.jobs.values() if job.model_id == model_id]:
-                del self.jobs[job.id]
-                job.forget()
-            doomed = store.dir.with_name(f".{store.dir.name}.deleting")
-            store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
-            shutil.rmtree(doomed)
-        return {"model_id": model_id, "deleted_checkpoints": checkpoints, "deleted_run": False}
-
-    def refuse_if_training(self, model_id: str) -> None:
-        """One job per model at a time: 409 while one is unfinished."""
-        running = self._running.get(model_id)
-        if running is not None and not running.finished:
-            raise ApiError(
-                409,
-                f"model_id: model {model_id!r} is training in job {running.id}; wait for it to end",
-                param="model_id",
-                code="job_running",
-            )
-
-    def job(self, job_id: str) -> TrainingJob:
-        job = self.jobs.get(job_id)
-        if job is not None:
-            project, _, name = job.model_id.partition("~")
-            if current().allows(project, name):
-                return job
-        raise ApiError(
-            404,
-            f"training_job_id: unknown training job {job_id!r}",
-            param="training_job_id",
-            code="job_not_found",
-        )
-
-    def close(self) -> None:
-        self.service.close()
-
-
-def _load(service: ModelService, record: dict[str, Any]) -> None:
-    """Load a model for serving; what the client got wrong is a `ConfigError` naming it."""
-    try:
-        service.load(record)
-    except ArtValueError as error:
-        field = error.field.replace("_internal_config", "internal_config", 1)
-        raise type(error)(field, error.problem, error.fix) from error
-    except (OSError, ValueError) as error:  # transformers: no such model, or not one it reads
-        reason = f"{type(error).__name__}: {error}"[:300]
-        raise ConfigError(
-            "base_model",
-            f"this server cannot load {record['base_model']!r} ({reason})",
-            "Name a Hugging Face model the server can download, or a model directory on it",
-        ) from error
-
-
-def model_id(project: str, name: str) -> str:
-    return f"{project}~{name}"
-
-
-def describe(store: ModelStore, record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": model_id(record["project"], record["name"]),
-        "entity": record.get("entity", DEFAULT_ENTITY),
-        "project": record["project"],
-        "name": record["name"],
-        "base_model": record.get("base_model"),
-        "run_id": None,
-        # Extensions: what the client checks was applied.
-        "trainable": bool(record.get("trainable")),
-        "internal_config": record.get("internal_config"),
-        "step": store.step(),
-    }
 
 
 def build_server_app(
@@ -306,7 +75,7 @@ def build_server_app(
     app.state.art_server = server
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RequireKey, keys=keys)  # outermost: no body is read without a key
-    _add_error_handlers(app)
+    add_error_handlers(app)
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
@@ -335,7 +104,7 @@ def build_server_app(
                 param="model_id",
             )
         split = check_split(body.split)
-        groups = _groups(body.trajectory_groups)
+        groups = parse_groups(body.trajectory_groups)
         if groups:
             groups = coerce_groups(groups, "trajectory_groups")
         if not groups and not body.metrics:
@@ -464,68 +233,6 @@ def build_server_app(
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every refusal: a 4xx naming the field by JSON path, and one warning line."""
-
-    async def api_error(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, ApiError)
-        log_rejected(request.method, request.url.path, error)
-        return error.response()
-
-    async def art_value_error(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, ArtValueError)
-        log_rejected(request.method, request.url.path, ApiError(400, str(error)))
-        body = {
-            "message": str(error),
-            "type": "invalid_request_error",
-            "param": error.field,
-            "code": type(error).__name__,
-            "problem": error.problem,
-            "fix": error.fix,
-        }
-        return JSONResponse({"error": body}, status_code=400)
-
-    async def invalid(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, RequestValidationError)
-        return await api_error(request, validation_error(error.errors()))
-
-    async def http_error(request: Request, error: Exception) -> JSONResponse:
-        assert isinstance(error, StarletteHTTPException)
-        param = {404: "path", 405: "method"}.get(error.status_code, "body")
-        message = f"{param}: {request.method} {request.url.path}: {error.detail}"
-        return await api_error(request, ApiError(error.status_code, message, param=param))
-
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(ArtValueError, art_value_error)
-    app.add_exception_handler(RequestValidationError, invalid)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-
-
-def validation_error(errors: Any) -> ApiError:
-    """pydantic's first error as a 400 whose `param` is the JSON path (`a.b[0].c`)."""
-    first = errors[0]
-    location = list(first.get("loc", ()))
-    where = location.pop(0) if location and location[0] in ("body", "query", "path") else ""
-    if first.get("type") == "json_invalid":
-        position = first.get("ctx", {}).get("error", "")
-        return ApiError(400, f"body: not valid JSON ({position})", param="body")
-    param = json_path(location) or where or "body"
-    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-    if first.get("type") == "extra_forbidden":
-        message = "unknown field; remove it (see /docs for the fields this route takes)"
-    return ApiError(400, f"{param}: {message}", param=param)
-
-
-def json_path(location: list[Any]) -> str:
-    path = ""
-    for part in location:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not str(part).startswith("function-") and "[" not in str(part):
-            path += f".{part}" if path else str(part)
-    return path
-
-
 def _page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
     """A cursor page as the W&B Training API answers one."""
     return {
@@ -565,29 +272,10 @@ def _check_scope(body: KeyCreate) -> None:
             )
     for index, model in enumerate(body.models):
         project, _, name = model.partition("/")
-        if not _valid(project, name):
+        if not valid_names(project, name):
             raise ApiError(
                 400, f"models[{index}]: {model!r} is not 'project/name'", param=f"models[{index}]"
             )
 
 
-def _valid(project: str, name: str) -> bool:
-    return all(re.match(NAME_PATTERN, part) for part in (project, name))
-
-
-def _groups(raw: list[dict[str, Any]]) -> list[TrajectoryGroup]:
-    groups = []
-    for index, item in enumerate(raw):
-        if not isinstance(item.get("trajectories"), list):
-            param = f"trajectory_groups[{index}].trajectories"
-            raise ApiError(400, f"{param}: must be a list of trajectories", param=param)
-        try:
-            groups.append(TrajectoryGroup.model_validate(item))
-        except ValidationError as error:
-            first = error.errors()[0]
-            param = json_path(["trajectory_groups", index, *first["loc"]])
-            raise ApiError(400, f"{param}: {first['msg']}", param=param) from error
-    return groups
-
-
-__all__ = ["ArtServer", "build_server_app"]
+__all__ = ["build_server_app"]

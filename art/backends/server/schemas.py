@@ -60,14 +60,15 @@ class ExperimentalTrainingConfig(_Body):
         Literal["token", "sequence", "average", "geometric_average"] | None
     ) = None
     allow_training_without_logprobs: bool | None = None
-    kl_penalty_coef: float | None = None  # our TrainConfig.beta: KL towards the base model
     # ART's fields with no counterpart here: accepted only at their neutral value.
     advantage_balance: float | None = None
     kimi_k2_tau: float | None = None
     mask_prob_ratio: bool | None = None
     max_negative_advantage_importance_sampling_weight: float | None = None
     precalculate_logprobs: bool | None = None
-    # Extensions.
+    # Extensions: our TrainConfig.beta (KL towards the base model; not ART's KL knobs,
+    # whose reference and form differ) and two of our dev.TrainConfig fields.
+    beta: float | None = None
     max_grad_norm: float | None = None
     gradient_accumulation_sequences: int | None = None
 
@@ -89,7 +90,7 @@ class ExperimentalTrainingConfig(_Body):
                 f"{self.importance_sampling_level!r} is not supported; use 'token' or 'sequence'",
                 param="experimental_config.importance_sampling_level",
             )
-        top = {"learning_rate": self.learning_rate, "beta": self.kl_penalty_coef}
+        top = {"learning_rate": self.learning_rate, "beta": self.beta}
         rest = {
             name: getattr(self, name)
             for name in (
@@ -106,11 +107,11 @@ class ExperimentalTrainingConfig(_Body):
         try:
             config = TrainConfig(**{k: v for k, v in top.items() if v is not None})
         except ValidationError as error:
-            raise _config_error(error, {"beta": "kl_penalty_coef"}) from error
+            raise _config_error(error) from error
         try:
             dev_config = dev.TrainConfig(**{k: v for k, v in rest.items() if v is not None})
         except ValidationError as error:
-            raise _config_error(error, {}) from error
+            raise _config_error(error) from error
         return config, dev_config
 
 
@@ -123,10 +124,10 @@ _NEUTRAL: dict[str, Any] = {
 }
 
 
-def _config_error(error: ValidationError, renamed: dict[str, str]) -> ApiError:
+def _config_error(error: ValidationError) -> ApiError:
     first = error.errors()[0]
     name = str(first["loc"][0]) if first["loc"] else ""
-    param = f"experimental_config.{renamed.get(name, name)}"
+    param = f"experimental_config.{name}"
     return ApiError(400, f"{param}: {first['msg']}", param=param)
 
 
