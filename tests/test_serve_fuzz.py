@@ -34,8 +34,12 @@ GOOD_GROUP: dict[str, Any] = {
 USER = [{"role": "user", "content": "Hi"}]
 
 
-def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(method, path, httpx request arguments) of each malformed request."""
+def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(method, path, httpx request arguments) of each malformed request.
+
+    `scoped_key` may use project `other` only; `stored` is a checkpoint directory of
+    fuzz/agent on the server.
+    """
     models = "/v1/preview/models"
     jobs = "/v1/preview/training-jobs"
     chat = "/v1/chat/completions"
@@ -87,6 +91,8 @@ def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         {"project": "fuzz", "name": "x", "base_model": ""},
         {"project": "fuzz", "name": "x", "base_model": "no-such-org/no-such-model"},
         {"project": "fuzz", "name": "x", "base_model": "/etc"},
+        {"project": "fuzz", "name": "x", "base_model": "bad\u0000name"},
+        {"project": "fuzz", "name": "x", "base_model": "../../.."},
         {"project": "fuzz", "name": "x", "base_model": "./nowhere"},
         {"project": "fuzz", "name": "x", "trainable": True},
         {"project": "fuzz", "name": "x", "base_model": BASE, "unknown": 1},
@@ -249,6 +255,27 @@ def corpus(job_id: str) -> list[tuple[str, str, dict[str, Any]]]:
     ):
         post(chat, body)
 
+    # A key scoped to project `other`, reaching for fuzz/agent.
+    scoped = {"Authorization": f"Bearer {scoped_key}"}
+    for method, path, body in (
+        ("POST", models, {"project": "fuzz", "name": "x", "base_model": BASE}),
+        ("POST", models, {"project": "other", "name": "x", "base_model": stored}),
+        ("POST", models, {"project": "other", "name": "x", "base_model": "bad\u0000name"}),
+        ("GET", f"{models}/{MODEL}", None),
+        ("POST", f"{models}/{MODEL}/log", {"metrics": {"x": 1}}),
+        ("DELETE", f"{models}/{MODEL}", None),
+        ("GET", f"{jobs}/{job_id}", None),
+        ("GET", f"{jobs}/{job_id}/events", None),
+        ("POST", chat, {"model": "wandb-artifact:///local/fuzz/agent", "messages": USER}),
+        ("POST", chat, {"model": "agent", "messages": USER}),
+        ("POST", "/v1/keys", {"projects": ["fuzz"]}),
+        ("GET", "/v1/keys", None),
+    ):
+        arguments: dict[str, Any] = {"headers": scoped}
+        if body is not None:
+            arguments["json"] = body
+        cases.append((method, path, arguments))
+
     # Routes and methods that do not exist.
     cases.append(("GET", "/v1/nothing-here", {}))
     cases.append(("PUT", f"{models}/{MODEL}", {}))
@@ -286,7 +313,10 @@ async def test_malformed_requests_on_every_route_are_4xx_naming_the_field(
     async with httpx.AsyncClient(base_url=server.root, timeout=300) as http:
         listed = await http.get("/v1/preview/training-jobs", headers=headers)
         job_id = listed.json()["data"][0]["id"]
-        cases = corpus(job_id)
+        key = await http.post("/v1/keys", headers=headers, json={"projects": ["other"]})
+        stored = server.path / "fuzz" / "models" / "agent" / "checkpoints" / "0001"
+        assert stored.is_dir()
+        cases = corpus(job_id, key.json()["key"], str(stored))
         assert len(cases) >= 100
         before = tree_digest(server.path)
         log_before = server.log()

@@ -124,7 +124,10 @@ class ArtServer:
         if current().admin:
             return
         root = Path(self.path).resolve()
-        candidate = Path(base_model).expanduser().resolve()
+        try:
+            candidate = Path(base_model).expanduser().resolve()
+        except (OSError, RuntimeError, ValueError):  # no path the OS can name: not a stored one
+            return
         if candidate == root or root in candidate.parents:
             raise ApiError(
                 403,
