@@ -104,15 +104,17 @@ def build_server_app(
                 param="model_id",
             )
         split = check_split(body.split)
-        groups = parse_groups(body.trajectory_groups)
-        if groups:
-            groups = coerce_groups(groups, "trajectory_groups")
-        if not groups and not body.metrics:
-            raise ConfigError(
-                "trajectory_groups", "nothing to log", "Send trajectory groups, metrics, or both"
-            )
 
-        def write() -> int:
+        def write() -> int:  # in a worker thread: checking many groups takes a while
+            groups = parse_groups(body.trajectory_groups)
+            if groups:
+                groups = coerce_groups(groups, "trajectory_groups")
+            if not groups and not body.metrics:
+                raise ConfigError(
+                    "trajectory_groups",
+                    "nothing to log",
+                    "Send trajectory groups, metrics, or both",
+                )
             with server.lock(model_id):
                 step = store.step() if body.step is None else body.step
                 if groups:
