@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import JsonHandler, serving
 from openai import AsyncOpenAI
 from serve_server import BASE, KEY, Server
 
@@ -375,3 +376,62 @@ async def test_the_schema_and_docs_need_a_key_sent_as_bearer(server: Server) -> 
         basic = await http.get("/v1/models", headers={"Authorization": f"Basic {KEY}"})
         assert basic.status_code == 401
         assert (await http.get("/health")).status_code == 200
+
+
+# --- a server without our extensions ----------------------------------------------------------
+
+
+class _PlainTrainingApi(JsonHandler):
+    """A stand-in for a server that speaks the W&B Training API without our extensions.
+
+    It answers model creation with the documented fields only and a log with `null`, as
+    the managed service's API reference describes them.
+    """
+
+    def do_POST(self) -> None:
+        body = self.read_json()
+        if self.path.endswith("/preview/models"):
+            self.send_json(
+                {
+                    "id": "3fa85f64-5717-4562-b3fc-2c963f66afa6",
+                    "entity": "someone",
+                    "project": body["project"],
+                    "name": body["name"],
+                    "base_model": body["base_model"],
+                    "run_id": None,
+                }
+            )
+        else:
+            payload = b"null"
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+
+async def test_the_client_refuses_extensions_a_server_does_not_acknowledge() -> None:
+    """Against a server without our extensions, nothing we send is silently dropped."""
+    with serving(_PlainTrainingApi) as url:
+        backend = ServerlessBackend(base_url=url, api_key="k")
+        plain = art.TrainableModel(name="agent", project="p", base_model=BASE)
+        await plain.register(backend)  # the documented fields are enough
+        assert plain.entity == "someone"
+        assert plain.get_inference_name(3) == "wandb-artifact:///someone/p/agent:step3"
+
+        tuned = art.TrainableModel(
+            name="tuned",
+            project="p",
+            base_model=BASE,
+            _internal_config=art.dev.InternalModelConfig(
+                engine_args=art.dev.EngineArgs(max_num_seqs=4)
+            ),
+        )
+        with pytest.raises(art.ConfigError) as refused:
+            await tuned.register(backend)
+        assert refused.value.field == "_internal_config"
+
+        with pytest.raises(art.ConfigError) as unlogged:
+            await plain.log(metrics={"score": 1.0}, step=2)
+        assert unlogged.value.field == "metrics"
+        await backend.close()
