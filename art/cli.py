@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -41,7 +42,8 @@ def _add_serve(subparsers: Any) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="the key clients send as 'Authorization: Bearer <key>' (default: $ART_API_KEY)",
+        help="the admin key, sent as 'Authorization: Bearer <key>'; it can issue keys scoped "
+        "to projects or models (POST /v1/keys) (default: $ART_API_KEY)",
     )
     parser.add_argument(
         "--no-auth",
@@ -82,8 +84,18 @@ def _serve(args: argparse.Namespace) -> int:
         args.path, None if args.no_auth else api_key, max_body_bytes=int(args.max_body_mb * 2**20)
     )
     print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
+    # One warning line per rejected request (from art.serve) instead of an access log line
+    # for every request.
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", lifespan="off")
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            lifespan="off",
+            access_log=False,
+        )
     finally:
         app.state.art_server.close()
     return 0

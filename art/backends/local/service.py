@@ -18,6 +18,7 @@ in this process or, through `art.backends.local.process`, in a child process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import secrets
@@ -97,6 +98,7 @@ class ModelService:
         self.api_key = f"art-{secrets.token_urlsafe(24)}"
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Trained] = {}
+        self._adapter_ids = itertools.count()  # never reused, though models are unloaded
         self._registry_lock = threading.RLock()
         self._server: Any = None
         self._base_url: str | None = None
@@ -127,6 +129,21 @@ class ModelService:
     def is_loaded(self, project: str, name: str) -> bool:
         return f"{project}/{name}" in self._models
 
+    def unload(self, project: str, name: str) -> None:
+        """Stop serving and training a model: drop its adapter and loaded checkpoints."""
+        with self._registry_lock:
+            trained = self._models.pop(f"{project}/{name}", None)
+            if trained is None:
+                return
+            base = trained.base
+            with base.exclusive():  # in-flight requests finish first
+                for adapter in [
+                    a for a in base.checkpoints if a.startswith(f"{trained.adapter}_step")
+                ]:
+                    del base.checkpoints[adapter]
+                    base.model.delete_adapter(adapter)
+                base.model.delete_adapter(trained.adapter)
+
     def close(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
@@ -146,7 +163,7 @@ class ModelService:
         start_from = (
             store.checkpoint_dir(step) if store.checkpoint_steps() else resolved.adapter_dir
         )
-        adapter = _adapter_name(record["name"], len(self._models))
+        adapter = _adapter_name(record["name"], next(self._adapter_ids))
         with base.exclusive():
             base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
             base.model.set_adapter(adapter)
@@ -300,8 +317,12 @@ class ModelService:
         assert base.engine is not None
         return Route(base.engine, base.tokenizer, base.chat_template, adapter, base.context_length)
 
+    def base_names(self) -> list[str]:
+        """The loaded base models, served under their own names."""
+        return [base.name for base in self._bases.values()]
+
     def model_names(self) -> list[str]:
-        names = [base.name for base in self._bases.values()]
+        names = self.base_names()
         trained = list(self._models.values())
         counts: dict[str, int] = {}
         for model in trained:

@@ -1,5 +1,6 @@
 """`art serve`: the model service behind an authenticated HTTP API (see `app`)."""
 
-from .app import ArtServer, build_server_app
+from .app import build_server_app
+from .state import ArtServer
 
 __all__ = ["ArtServer", "build_server_app"]

@@ -1,218 +1,61 @@
 """`art serve`: the model service behind HTTP, for many clients and models.
 
-The REST API follows the managed ART training service, so `ServerlessBackend` is the
-client of both. Everything lives under `/v1` and needs `Authorization: Bearer <key>`;
-only `GET /health` does not.
+The training API is the W&B Training API as ART's published client speaks it, so
+`ServerlessBackend` (ours or ART's) is the client of both this server and the managed
+service. Every route but `GET /health` needs `Authorization: Bearer <key>` (see
+`access` for admin and scoped keys).
 
-    POST   /v1/preview/models                          create (or return) a model
-    GET    /v1/preview/models/{id}                     a model and its current step
-    DELETE /v1/preview/models/{id}                     delete a model and its files
+    POST   /v1/preview/models                          create (or with return_existing, return) a model
+    DELETE /v1/preview/models/{id}                     unload a model and delete its files
     POST   /v1/preview/models/{id}/log                 store trajectory groups and/or metrics
-    GET    /v1/preview/models/{id}/checkpoints         checkpoints with their metrics
-    DELETE /v1/preview/models/{id}/checkpoints         delete steps, or all but latest and best
+    GET    /v1/preview/models/{id}/checkpoints         a cursor page of checkpoints and their metrics
+    DELETE /v1/preview/models/{id}/checkpoints         delete the given steps (never the latest)
     POST   /v1/preview/training-jobs                   start one training step (worker thread)
-    GET    /v1/preview/training-jobs?model_id=         jobs since the server started
     GET    /v1/preview/training-jobs/{id}              a job's status
-    GET    /v1/preview/training-jobs/{id}/events       its events after `after`, waiting `wait` s
+    GET    /v1/preview/training-jobs/{id}/events       its events `after` a cursor, waiting `wait` s
+    POST   /v1/preview/sft-training-jobs               managed-only: refused with a clear error
+    GET    /v1/preview/models/{id}, /v1/preview/training-jobs?model_id=   (extensions)
+    POST   /v1/keys, GET /v1/keys, DELETE /v1/keys/{id}  scoped keys (admin key only)
     POST   /v1/chat/completions, GET /v1/models        the OpenAI-compatible endpoint
+    GET    /openapi.json, /docs                        this API's schema
 
 A model's id is `project~name`. Errors are `{"error": {"message", "type", "param",
-"code"}}`; an `art` input error adds its `problem` and `fix`, so the client raises it
-again as itself.
+"code"}}` with `param` the JSON path of the offending field; an `art` input error adds
+its `problem` and `fix`, so the client raises it again as itself. Each rejected request
+is one warning line in the server's log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import shutil
-import threading
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import FastAPI, Query
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 
-from ...core.errors import ArtValueError, ConfigError
+from ...core.errors import ConfigError
 from ...core.storage import ModelStore, check_split
-from ...core.trajectories import TrajectoryGroup
 from ...core.validation import coerce_groups
 from ..local.openai_server import ApiError, build_app
-from ..local.service import ModelService
+from .access import KeyStore, RequireKey, current
+from .errors import add_error_handlers
 from .jobs import TrainingJob
+from .limits import BodyLimit
+from .routing import ScopedRouter
+from .schemas import (
+    NAME_PATTERN,
+    DeleteCheckpoints,
+    KeyCreate,
+    LogRequest,
+    ModelCreate,
+    TrainingJobCreate,
+)
+from .state import ArtServer, describe, parse_groups, valid_names
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _MAX_POLL_SECONDS = 30.0
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class ModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    project: str = Field(pattern=NAME_PATTERN)
-    name: str = Field(pattern=NAME_PATTERN)
-    entity: str | None = None
-    trainable: bool = False
-    base_model: str | None = Field(default=None, min_length=1)
-    config: Any = None
-    internal_config: dict[str, Any] | None = None
-
-
-class LogRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    trajectory_groups: list[dict[str, Any]] = Field(default_factory=list)
-    split: str = "train"
-    step: int | None = Field(default=None, ge=0)
-    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
-
-
-class DeleteCheckpoints(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    steps: list[int] | None = None
-    best_checkpoint_metric: str | None = None
-
-
-class TrainingJobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model_id: str
-    trajectory_groups: list[dict[str, Any]] = Field(min_length=1)
-    config: dict[str, Any] = Field(default_factory=dict)
-    dev_config: dict[str, Any] = Field(default_factory=dict)
-
-
-class ArtServer:
-    """What one `art serve` process holds: the model service, its files and its jobs."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.service = ModelService(path)
-        self.jobs: dict[str, TrainingJob] = {}
-        self._running: dict[str, TrainingJob] = {}  # model id -> its unfinished job
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def store(self, model_id: str) -> ModelStore:
-        """The model's files; 404 for an id that names no registered model."""
-        project, _, name = model_id.partition("~")
-        store = ModelStore(self.path, project, name) if _valid(project, name) else None
-        if store is None or store.read_model() is None:
-            raise ApiError(
-                404,
-                f"unknown model {model_id!r}; register it first (POST /v1/preview/models)",
-                param="model_id",
-                code="model_not_found",
-            )
-        return store
-
-    def lock(self, model_id: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(model_id, threading.Lock())
-
-    def register(self, body: ModelCreate) -> dict[str, Any]:
-        store = ModelStore(self.path, body.project, body.name)
-        record: dict[str, Any] = {
-            "name": body.name,
-            "project": body.project,
-            "trainable": body.trainable,
-            "config": body.config,
-        }
-        if body.entity is not None:
-            record["entity"] = body.entity
-        if body.trainable:
-            if body.base_model is None:
-                raise ConfigError(
-                    "base_model", "a trainable model needs a base model", "Set base_model"
-                )
-            record["base_model"] = body.base_model
-            record["internal_config"] = body.internal_config or {}
-        existing = store.read_model()
-        if existing is not None and existing.get("base_model") != record.get("base_model"):
-            raise ConfigError(
-                "base_model",
-                f"model {body.name!r} on this server was trained from "
-                f"{existing.get('base_model')!r}, not {record.get('base_model')!r}",
-                "Give the new run its own name, or keep the original base_model",
-            )
-        if body.trainable:
-            # Loaded before model.json is written, as LocalBackend does.
-            self.service.load(record)
-        with self.lock(model_id(body.project, body.name)):
-            store.write_model(record)
-        return describe(store, record)
-
-    def ensure_loaded(self, store: ModelStore) -> None:
-        """Load a model registered before this server (re)started."""
-        record = store.read_model() or {}
-        if not record.get("trainable"):
-            raise ConfigError(
-                "model_id",
-                f"model {record.get('name')!r} is not trainable",
-                "Register an art.TrainableModel to train it",
-            )
-        if not self.service.is_loaded(record["project"], record["name"]):
-            self.service.load(record)
-
-    def start_job(self, body: TrainingJobCreate) -> TrainingJob:
-        store = self.store(body.model_id)
-        groups = coerce_groups(_groups(body.trajectory_groups), "trajectory_groups")
-        job = TrainingJob(body.model_id)
-        with self._guard:
-            self.refuse_if_training(body.model_id)
-            self._running[body.model_id] = self.jobs[job.id] = job
-        record = store.read_model() or {}
-        groups_json = [group.model_dump_json() for group in groups]
-
-        def step() -> tuple[int, dict[str, float]]:
-            self.ensure_loaded(store)
-            with self.lock(body.model_id):
-                metrics = self.service.train(
-                    record["project"], record["name"], groups_json, body.config, body.dev_config
-                )
-            return store.step(), metrics
-
-        job.start(step)
-        return job
-
-    def refuse_if_training(self, model_id: str) -> None:
-        """One job per model at a time: 409 while one is unfinished."""
-        running = self._running.get(model_id)
-        if running is not None and not running.finished:
-            raise ApiError(
-                409,
-                f"model {model_id!r} is training in job {running.id}; wait for it to end",
-                code="job_running",
-            )
-
-    def close(self) -> None:
-        self.service.close()
-
-
-def model_id(project: str, name: str) -> str:
-    return f"{project}~{name}"
-
-
-def describe(store: ModelStore, record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": model_id(record["project"], record["name"]),
-        "entity": record.get("entity"),
-        "project": record["project"],
-        "name": record["name"],
-        "base_model": record.get("base_model"),
-        "trainable": bool(record.get("trainable")),
-        "run_id": None,
-        "step": store.step(),
-    }
 
 
 def build_server_app(
@@ -221,23 +64,22 @@ def build_server_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The `art serve` app: the OpenAI endpoint of `build_app` plus the training API."""
-    server = ArtServer(path)
-    app = build_app(server.service, api_key)
-    app.state.art_server = server
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
+    """The `art serve` app: the OpenAI endpoint of `build_app` plus the training API.
 
-    @app.exception_handler(ArtValueError)
-    async def _art_value_error(request: Request, error: ArtValueError) -> JSONResponse:
-        body = {
-            "message": str(error),
-            "type": "invalid_request_error",
-            "param": error.field,
-            "code": type(error).__name__,
-            "problem": error.problem,
-            "fix": error.fix,
-        }
-        return JSONResponse({"error": body}, status_code=400)
+    `api_key` is the admin key; None serves without one (the CLI allows that on
+    loopback only).
+    """
+    server = ArtServer(path)
+    keys = KeyStore(path, api_key)
+    app = build_app(ScopedRouter(server.service, server.loaded, path), None)
+    app.state.art_server = server
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RequireKey, keys=keys)  # outermost: no body is read without a key
+    add_error_handlers(app)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="art serve")
 
     @app.post("/v1/preview/models")
     async def create_model(body: ModelCreate) -> dict[str, Any]:
@@ -250,19 +92,29 @@ def build_server_app(
 
     @app.delete("/v1/preview/models/{model_id}")
     async def delete_model(model_id: str) -> dict[str, Any]:
-        store = server.store(model_id)
-        server.refuse_if_training(model_id)
-        with server.lock(model_id):
-            await asyncio.to_thread(shutil.rmtree, store.dir)
-        return {"id": model_id, "deleted": True}
+        return await asyncio.to_thread(server.delete, model_id)
 
     @app.post("/v1/preview/models/{model_id}/log")
     async def log(model_id: str, body: LogRequest) -> dict[str, Any]:
         store = server.store(model_id)
+        if body.model_id not in (None, model_id):
+            raise ApiError(
+                400,
+                f"model_id: {body.model_id!r} differs from the path's {model_id!r}",
+                param="model_id",
+            )
         split = check_split(body.split)
-        groups = _groups(body.trajectory_groups)
 
-        def write() -> int:
+        def write() -> int:  # in a worker thread: checking many groups takes a while
+            groups = parse_groups(body.trajectory_groups)
+            if groups:
+                groups = coerce_groups(groups, "trajectory_groups")
+            if not groups and not body.metrics:
+                raise ConfigError(
+                    "trajectory_groups",
+                    "nothing to log",
+                    "Send trajectory groups, metrics, or both",
+                )
             with server.lock(model_id):
                 step = store.step() if body.step is None else body.step
                 if groups:
@@ -274,33 +126,39 @@ def build_server_app(
         return {"step": await asyncio.to_thread(write)}
 
     @app.get("/v1/preview/models/{model_id}/checkpoints")
-    async def list_checkpoints(model_id: str) -> dict[str, Any]:
+    async def list_checkpoints(
+        model_id: str,
+        after: str | None = None,
+        limit: int = Query(default=20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "asc",
+    ) -> dict[str, Any]:
         store = server.store(model_id)
-        rows = await asyncio.to_thread(store.read_history)
-        metrics: dict[int, dict[str, Any]] = {}
-        for row in rows:
-            values = {k: v for k, v in row.items() if k not in ("step", "recorded_at")}
-            metrics.setdefault(row["step"], {}).update(values)
+        steps = store.checkpoint_steps()
+        if order == "desc":
+            steps.reverse()
+        if after is not None:
+            prefix, _, step_text = after.rpartition("@")
+            if prefix != model_id or not step_text.isdigit() or int(step_text) not in steps:
+                raise ApiError(
+                    400, f"after: {after!r} is not a checkpoint id of this model", param="after"
+                )
+            steps = steps[steps.index(int(step_text)) + 1 :]
+        page = steps[:limit]
+        metrics = await asyncio.to_thread(_metrics_by_step, store)
         data = [
             {"id": f"{model_id}@{step}", "step": step, "metrics": metrics.get(step, {})}
-            for step in store.checkpoint_steps()
+            for step in page
         ]
-        return {"object": "list", "data": data, "has_more": False}
+        return _page(data, has_more=len(steps) > limit)
 
     @app.delete("/v1/preview/models/{model_id}/checkpoints")
     async def delete_checkpoints(model_id: str, body: DeleteCheckpoints) -> dict[str, Any]:
         store = server.store(model_id)
-        if (body.steps is None) == (body.best_checkpoint_metric is None):
-            raise ConfigError(
-                "steps", "give either steps or best_checkpoint_metric", "Send exactly one of them"
-            )
 
         def delete() -> tuple[list[int], list[int]]:
             with server.lock(model_id):
-                if body.best_checkpoint_metric is not None:
-                    return store.delete_checkpoints_but_best(body.best_checkpoint_metric), []
                 existing = set(store.checkpoint_steps())
-                wanted = set(body.steps or [])
+                wanted = set(body.steps)
                 latest = store.step()
                 if latest in wanted:
                     raise ConfigError(
@@ -310,120 +168,116 @@ def build_server_app(
                 return deleted, sorted(wanted - existing)
 
         deleted, missing = await asyncio.to_thread(delete)
-        return {"deleted_steps": deleted, "deleted_count": len(deleted), "not_found_steps": missing}
+        return {"deleted_count": len(deleted), "not_found_steps": missing, "deleted_steps": deleted}
 
-    @app.post("/v1/preview/training-jobs", status_code=201)
+    @app.post("/v1/preview/training-jobs")
     async def create_training_job(body: TrainingJobCreate) -> dict[str, Any]:
         job = await asyncio.to_thread(server.start_job, body)
-        return {"id": job.id, "model_id": job.model_id, "status": job.status}
+        return _describe_job(job)
 
     @app.get("/v1/preview/training-jobs")
     async def list_training_jobs(model_id: str | None = None) -> dict[str, Any]:
-        jobs = [job for job in server.jobs.values() if model_id in (None, job.model_id)]
-        data = [{"id": job.id, "model_id": job.model_id, "status": job.status} for job in jobs]
-        return {"object": "list", "data": data, "has_more": False}
+        principal = current()
+        jobs = [
+            job
+            for job in server.jobs.values()
+            if model_id in (None, job.model_id)
+            and principal.allows(*job.model_id.partition("~")[::2])
+        ]
+        return _page([_describe_job(job) for job in jobs], has_more=False)
 
-    @app.get("/v1/preview/training-jobs/{job_id}")
-    async def get_training_job(job_id: str) -> dict[str, Any]:
-        job = _job(server, job_id)
-        return {"id": job.id, "model_id": job.model_id, "status": job.status}
+    @app.get("/v1/preview/training-jobs/{training_job_id}")
+    async def get_training_job(training_job_id: str) -> dict[str, Any]:
+        return _describe_job(server.job(training_job_id))
 
-    @app.get("/v1/preview/training-jobs/{job_id}/events")
+    @app.get("/v1/preview/training-jobs/{training_job_id}/events")
     async def training_job_events(
-        job_id: str,
-        after: int = Query(default=0, ge=0),
-        limit: int = Query(default=100, ge=1, le=1000),
+        training_job_id: str,
+        after: str | None = None,
+        limit: int = Query(default=20, ge=1, le=100),
         wait: float = Query(default=0.0, ge=0, le=_MAX_POLL_SECONDS),
     ) -> dict[str, Any]:
-        job = _job(server, job_id)
-        events = await asyncio.to_thread(job.events_after, after, limit, wait)
-        return {"object": "list", "data": events, "status": job.status}
+        job = server.job(training_job_id)
+        if after is not None and not after.isdigit():
+            raise ApiError(400, f"after: {after!r} is not an event id of this job", param="after")
+        start = 0 if after is None else int(after)
+        events, more = await asyncio.to_thread(job.events_after, start, limit, wait)
+        return {**_page(events, has_more=more), "status": job.status}
+
+    @app.post("/v1/preview/sft-training-jobs")
+    async def create_sft_training_job() -> dict[str, Any]:
+        raise ApiError(
+            400,
+            "training_data_url: SFT jobs read their data from W&B artifacts, a feature of "
+            "the managed W&B Training service only; art serve trains with RL "
+            "(POST /v1/preview/training-jobs)",
+            param="training_data_url",
+            code="managed_only",
+        )
+
+    @app.post("/v1/keys")
+    async def create_key(body: KeyCreate) -> dict[str, Any]:
+        current().check_admin()
+        _check_scope(body)
+        return await asyncio.to_thread(keys.create, body.name, body.projects, body.models)
+
+    @app.get("/v1/keys")
+    async def list_keys() -> dict[str, Any]:
+        current().check_admin()
+        return _page(keys.list(), has_more=False)
+
+    @app.delete("/v1/keys/{key_id}")
+    async def delete_key(key_id: str) -> dict[str, Any]:
+        current().check_admin()
+        await asyncio.to_thread(keys.delete, key_id)
+        return {"id": key_id, "deleted": True}
 
     return app
 
 
-def _job(server: ArtServer, job_id: str) -> TrainingJob:
-    job = server.jobs.get(job_id)
-    if job is None:
-        raise ApiError(
-            404,
-            f"unknown training job {job_id!r} (jobs are forgotten when the server restarts; "
-            "the model keeps its completed steps)",
-            param="job_id",
-            code="job_not_found",
-        )
-    return job
+def _page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """A cursor page as the W&B Training API answers one."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": str(data[0]["id"]) if data else "",
+        "last_id": str(data[-1]["id"]) if data else "",
+        "has_more": has_more,
+    }
 
 
-def _valid(project: str, name: str) -> bool:
-    return all(re.match(NAME_PATTERN, part) for part in (project, name))
+def _describe_job(job: TrainingJob) -> dict[str, Any]:
+    return {"id": job.id, "model_id": job.model_id, "status": job.status}
 
 
-def _groups(raw: list[dict[str, Any]]) -> list[TrajectoryGroup]:
-    groups = []
-    for index, item in enumerate(raw):
-        try:
-            groups.append(TrajectoryGroup.model_validate(item))
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
+def _metrics_by_step(store: ModelStore) -> dict[int, dict[str, float]]:
+    metrics: dict[int, dict[str, float]] = {}
+    for row in store.read_history():
+        values = {
+            k: float(v)
+            for k, v in row.items()
+            if k not in ("step", "recorded_at") and isinstance(v, int | float)
+        }
+        metrics.setdefault(row["step"], {}).update(values)
+    return metrics
+
+
+def _check_scope(body: KeyCreate) -> None:
+    if not body.projects and not body.models:
+        raise ApiError(400, "projects: name at least one project or model", param="projects")
+    for index, project in enumerate(body.projects):
+        if not re.match(NAME_PATTERN, project):
             raise ApiError(
                 400,
-                f"trajectory_groups.{index}.{where}: {first['msg']}",
-                param=f"trajectory_groups.{index}.{where}",
-            ) from error
-    return groups
+                f"projects[{index}]: {project!r} is not a project name",
+                param=f"projects[{index}]",
+            )
+    for index, model in enumerate(body.models):
+        project, _, name = model.partition("/")
+        if not valid_names(project, name):
+            raise ApiError(
+                400, f"models[{index}]: {model!r} is not 'project/name'", param=f"models[{index}]"
+            )
 
 
-class _BodyLimit:
-    """Refuses request bodies over `max_bytes` with 413, whether declared or streamed."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Send) -> None:
-        text = f"request body is larger than this server's limit of {self.max_bytes} bytes"
-        error = {"message": text, "type": "invalid_request_error", "param": None, "code": None}
-        payload = json.dumps({"error": error}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
-
-
-class _TooLarge(Exception):
-    pass
-
-
-__all__ = ["ArtServer", "build_server_app"]
+__all__ = ["build_server_app"]

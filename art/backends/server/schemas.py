@@ -1,0 +1,156 @@
+"""Request bodies of `art serve`'s training API (the W&B Training API, plus a few fields).
+
+Field names and shapes follow the managed service's API as ART's published client
+sends it. Fields marked "extension" are ours: the managed service does not have them.
+Every body forbids unknown fields, so a typo is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ...core import dev
+from ...core.types import TrainConfig
+from ..local.openai_server import ApiError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelCreate(_Body):
+    entity: str | None = Field(default=None, pattern=NAME_PATTERN)
+    project: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    base_model: str | None = Field(default=None, min_length=1)
+    return_existing: bool = False
+    # Extensions: plain (logging-only) models, the user's config, and how the model is
+    # loaded, served and trained (honoured, or refused naming the field).
+    trainable: bool = True
+    config: Any = None
+    internal_config: dev.InternalModelConfig | None = None
+
+
+class LogRequest(_Body):
+    model_id: str | None = None  # ART's client repeats the path's id here
+    split: str = "train"
+    trajectory_groups: list[dict[str, Any]] = Field(default_factory=list)
+    # Extensions: the step the row belongs to, and a history row of metrics.
+    step: int | None = Field(default=None, ge=0)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+
+
+class DeleteCheckpoints(_Body):
+    steps: list[int]
+
+
+class ExperimentalTrainingConfig(_Body):
+    """ART's training settings. ART's fields we cannot honour are refused when set."""
+
+    learning_rate: float | None = None
+    scale_rewards: bool | None = None
+    ppo: bool | None = None
+    epsilon: float | None = None
+    epsilon_high: float | None = None
+    importance_sampling_level: (
+        Literal["token", "sequence", "average", "geometric_average"] | None
+    ) = None
+    allow_training_without_logprobs: bool | None = None
+    # ART's fields with no counterpart here: accepted only at their neutral value.
+    advantage_balance: float | None = None
+    kimi_k2_tau: float | None = None
+    mask_prob_ratio: bool | None = None
+    max_negative_advantage_importance_sampling_weight: float | None = None
+    precalculate_logprobs: bool | None = None
+    # Extensions: our TrainConfig.beta (KL towards the base model; not ART's KL knobs,
+    # whose reference and form differ) and two of our dev.TrainConfig fields.
+    beta: float | None = None
+    max_grad_norm: float | None = None
+    gradient_accumulation_sequences: int | None = None
+
+    def to_configs(self) -> tuple[TrainConfig, dev.TrainConfig]:
+        """Our two training configs; a 400 naming `experimental_config.<field>` if invalid."""
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(self, name)
+            if value is not None and value != neutral:
+                raise ApiError(
+                    400,
+                    f"experimental_config.{name}: {value!r} is not supported by art serve's "
+                    f"trainer; leave it unset{'' if neutral is None else f' or {neutral!r}'}",
+                    param=f"experimental_config.{name}",
+                )
+        if self.importance_sampling_level in ("average", "geometric_average"):
+            raise ApiError(
+                400,
+                "experimental_config.importance_sampling_level: "
+                f"{self.importance_sampling_level!r} is not supported; use 'token' or 'sequence'",
+                param="experimental_config.importance_sampling_level",
+            )
+        top = {"learning_rate": self.learning_rate, "beta": self.beta}
+        rest = {
+            name: getattr(self, name)
+            for name in (
+                "scale_rewards",
+                "ppo",
+                "epsilon",
+                "epsilon_high",
+                "importance_sampling_level",
+                "allow_training_without_logprobs",
+                "max_grad_norm",
+                "gradient_accumulation_sequences",
+            )
+        }
+        try:
+            config = TrainConfig(**{k: v for k, v in top.items() if v is not None})
+        except ValidationError as error:
+            raise _config_error(error) from error
+        try:
+            dev_config = dev.TrainConfig(**{k: v for k, v in rest.items() if v is not None})
+        except ValidationError as error:
+            raise _config_error(error) from error
+        return config, dev_config
+
+
+_NEUTRAL: dict[str, Any] = {
+    "advantage_balance": 0.0,
+    "kimi_k2_tau": None,
+    "mask_prob_ratio": False,
+    "max_negative_advantage_importance_sampling_weight": None,
+    "precalculate_logprobs": False,
+}
+
+
+def _config_error(error: ValidationError) -> ApiError:
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else ""
+    param = f"experimental_config.{name}"
+    return ApiError(400, f"{param}: {first['msg']}", param=param)
+
+
+class TrainingJobCreate(_Body):
+    model_id: str
+    trajectory_groups: list[dict[str, Any]] = Field(min_length=1)
+    experimental_config: ExperimentalTrainingConfig | None = None
+
+
+class KeyCreate(_Body):
+    """A scoped key: every model of `projects`, and the single `models` ("project/name")."""
+
+    name: str = Field(default="", max_length=200)
+    projects: list[str] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
+
+
+__all__ = [
+    "NAME_PATTERN",
+    "DeleteCheckpoints",
+    "ExperimentalTrainingConfig",
+    "KeyCreate",
+    "LogRequest",
+    "ModelCreate",
+    "TrainingJobCreate",
+]
