@@ -60,6 +60,12 @@ def validation_error(errors: Any) -> ApiError:
     if first.get("type") == "json_invalid":
         position = first.get("ctx", {}).get("error", "")
         return ApiError(400, f"body: not valid JSON ({position})", param="body")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, ArtValueError):  # a nested config already named its own field
+        # (A model-wide problem is named by its class, which is no part of the JSON path.)
+        location.extend(part for part in inner.field.split(".") if not part[:1].isupper())
+        param = json_path(location)
+        return ApiError(400, f"{param}: {inner.problem}. {inner.fix}", param=param)
     param = json_path(location) or where or "body"
     message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":

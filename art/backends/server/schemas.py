@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ...core import dev
+from ...core.errors import ConfigError
 from ...core.types import TrainConfig
 from ..local.openai_server import ApiError
 
@@ -106,11 +107,11 @@ class ExperimentalTrainingConfig(_Body):
         }
         try:
             config = TrainConfig(**{k: v for k, v in top.items() if v is not None})
-        except ValidationError as error:
+        except ConfigError as error:
             raise _config_error(error) from error
         try:
             dev_config = dev.TrainConfig(**{k: v for k, v in rest.items() if v is not None})
-        except ValidationError as error:
+        except ConfigError as error:
             raise _config_error(error) from error
         return config, dev_config
 
@@ -124,11 +125,9 @@ _NEUTRAL: dict[str, Any] = {
 }
 
 
-def _config_error(error: ValidationError) -> ApiError:
-    first = error.errors()[0]
-    name = str(first["loc"][0]) if first["loc"] else ""
-    param = f"experimental_config.{name}"
-    return ApiError(400, f"{param}: {first['msg']}", param=param)
+def _config_error(error: ConfigError) -> ApiError:
+    param = f"experimental_config.{error.field}"
+    return ApiError(400, f"{param}: {error.problem}. {error.fix}", param=param)
 
 
 class TrainingJobCreate(_Body):
