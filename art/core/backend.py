@@ -73,6 +73,8 @@ class Backend(Protocol):
         """Take one training step on checked `groups`, save and serve the new checkpoint.
 
         Returns the trainer's metrics (loss, grad_norm, ...), which the model records.
+        With `verbose`, the backend prints what it does (the step it trains, the
+        checkpoint it saves or the job it follows).
         """
         ...
 
