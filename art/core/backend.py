@@ -6,9 +6,9 @@ only ever calls these methods, through the model, and never checks which backend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import dev
 from .trajectories import TrajectoryGroup
@@ -19,12 +19,17 @@ if TYPE_CHECKING:
 
 
 class InferenceEndpoint(BaseModel):
-    """Where a registered model answers OpenAI-compatible chat completions."""
+    """Where a registered model answers OpenAI-compatible chat completions.
 
-    model_config = ConfigDict(frozen=True)
+    `http_transport` (an `httpx.AsyncBaseTransport`), where a backend gives one, carries
+    the model's OpenAI client's requests: LocalBackend's names a dead service process.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     base_url: str
     api_key: str
+    http_transport: Any = Field(default=None, exclude=True)
 
 
 @runtime_checkable

@@ -15,10 +15,10 @@ from . import dev
 from .backend import Backend, InferenceEndpoint
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
 from .metrics import group_metrics
-from .storage import check_split
+from .storage import check_metrics, check_split
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig
-from .validation import coerce_groups
+from .validation import check_trainable, coerce_groups
 
 logger = logging.getLogger("art")
 
@@ -51,6 +51,7 @@ class Model(BaseModel):
 
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
+    _http_transport: Any = PrivateAttr(default=None)  # the backend's, for the OpenAI client
 
     @field_validator("name", "project")
     @classmethod
@@ -85,6 +86,7 @@ class Model(BaseModel):
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
         self.inference_api_key = endpoint.api_key
+        self._http_transport = endpoint.http_transport
         self._openai_client = None
 
     def backend(self) -> Backend:
@@ -110,12 +112,17 @@ class Model(BaseModel):
                 f"model {self.name!r} has no inference endpoint",
                 "Pass inference_base_url and inference_api_key to art.Model",
             )
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
             api_key=self.inference_api_key or "none",
             timeout=1200.0,  # a long rollout turn on a busy CPU engine is not a failure
+            http_client=(
+                DefaultAsyncHttpxClient(transport=self._http_transport)
+                if self._http_transport is not None
+                else None
+            ),
         )
         return self._openai_client
 
@@ -168,6 +175,7 @@ class Model(BaseModel):
             raise ConfigError(
                 "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
             )
+        check_metrics(metrics or {})
         row = group_metrics(groups) if groups else {}
         for key, value in (metrics or {}).items():
             row[key] = value
@@ -264,15 +272,18 @@ class TrainableModel(Model):
         """
         backend = self._registered_backend("train")
         groups = coerce_groups(trajectory_groups, "trajectory_groups")
+        dev_config = _config or dev.TrainConfig()
+        check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
         step = await backend.get_step(self)
-        # The trajectories are stored before training starts, so a failed step loses no data.
+        # The trajectories are stored before training starts, so a failed step loses no
+        # data; the store keeps one copy of each, so a retried step does not log it twice.
         await backend.log(self, groups, split="train", step=step, metrics={})
         started = time.monotonic()
         trainer_metrics = await backend.train(
             self,
             groups,
             config=config or TrainConfig(),
-            dev_config=_config or dev.TrainConfig(),
+            dev_config=dev_config,
             verbose=verbose,
         )
         row: dict[str, float] = group_metrics(groups) | trainer_metrics

@@ -3,8 +3,13 @@
 Each choice carries three fields beyond the OpenAI schema, which training reads:
 `prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
 and `token_logprobs` (their logprobs under the model's temperature-1 distribution).
-Bad requests get a 4xx in OpenAI's error shape naming the parameter; the server keeps
-serving.
+Bad requests get a 4xx in OpenAI's error shape naming the parameter (see
+`openai_request.py`); the server keeps serving.
+
+Nothing heavy runs on the event loop: the body is parsed, the chat template rendered and
+the prompt tokenized in worker threads, so `/health` and small requests are answered
+while a huge one is worked on. A client that disconnects, streaming or not, cancels its
+request: the engine drops its rows at the next decode step.
 """
 
 from __future__ import annotations
@@ -14,37 +19,30 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...core.trajectories import check_message_or_choice, check_tool
 from .chat_format import parse_tool_calls, render_prompt
 from .engine import Sample, SamplingParams, TransformersEngine
+from .openai_request import (
+    BODY_BYTES_PER_TOKEN,
+    MIN_BODY_BYTES,
+    ApiError,
+    ChatCompletionRequest,
+    log_rejected,
+    parse_chat_request,
+    read_body,
+    validation_error,
+)
 from .structured import Grammar, GrammarError, Grammars
 
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
 
 
 @dataclass(frozen=True)
@@ -68,83 +66,38 @@ class Router(Protocol):
     def model_names(self) -> list[str]: ...
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def build_app(
+    router: Router, api_key: str | None, *, context_length: Callable[[], int] | None = None
+) -> FastAPI:
+    """The FastAPI app serving `router`'s models. With `api_key`, /v1 routes require it.
 
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=64)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-    stream: bool = False
-    stream_options: dict[str, bool] | None = None
-    frequency_penalty: float = Field(default=0.0, ge=0, le=0)
-    presence_penalty: float = Field(default=0.0, ge=0, le=0)
-    response_format: dict[str, Any] | None = None
-    user: str | None = None  # an end-user id for the caller's own bookkeeping
-
-    @field_validator("messages")
-    @classmethod
-    def _check_messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for index, message in enumerate(messages):
-            checked = check_message_or_choice(message, f"messages[{index}]")
-            if not isinstance(checked, dict):
-                raise ValueError(f"messages[{index}] must be a message object")
-        return messages
-
-    @field_validator("tools")
-    @classmethod
-    def _check_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        for index, tool in enumerate(tools or []):
-            check_tool(tool, f"tools[{index}]")
-        return tools
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and (len(stop) > 4 or not all(stop)):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return stop
-
-    @field_validator("response_format")
-    @classmethod
-    def _check_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        kind = (value or {}).get("type")
-        if value is None or kind in ("text", "json_object"):
-            return value
-        if kind != "json_schema":
-            raise ValueError(f"type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise ValueError(
-                'json_schema needs {"name": ..., "schema": {a JSON schema object}, "strict": true}'
-            )
-        return value
-
-
-def build_app(router: Router, api_key: str | None) -> FastAPI:
-    """The FastAPI app serving `router`'s models. With `api_key`, /v1 routes require it."""
+    `context_length()` is the longest context served: a chat request body may hold
+    `BODY_BYTES_PER_TOKEN` bytes per token of it (at least `MIN_BODY_BYTES`).
+    """
     app = FastAPI(title="art model endpoint", docs_url=None, redoc_url=None)
+
+    def max_body_bytes() -> int:
+        tokens = context_length() if context_length is not None else 0
+        return max(MIN_BODY_BYTES, tokens * BODY_BYTES_PER_TOKEN)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
+        log_rejected(request, error.status, error.message)
         return error.response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        return _validation_error(error).response()
+        refused = validation_error(error.errors())
+        log_rejected(request, refused.status, refused.message)
+        return refused.response()
+
+    @app.exception_handler(_ClientGone)
+    async def _gone(request: Request, error: _ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it; logged once already
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        log_rejected(request, error.status_code, str(error.detail))
         return ApiError(error.status_code, str(error.detail)).response()
 
     @app.middleware("http")
@@ -153,6 +106,7 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
             header = request.headers.get("authorization", "")
             given = header.removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), api_key.encode()):
+                log_rejected(request, 401, "missing or wrong API key")
                 return ApiError(401, "missing or wrong API key", code="invalid_api_key").response()
         return await call_next(request)
 
@@ -167,43 +121,61 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        raw = await read_body(request, max_body_bytes())
+        body = await asyncio.to_thread(parse_chat_request, raw)
+        del raw  # a large body is not kept alive while the request decodes
         try:
             route = await asyncio.to_thread(router.route, body.model)
         except KeyError as error:
             raise ApiError(
                 404, str(error.args[0]), param="model", code="model_not_found"
             ) from error
-        job = _prepare(body, route)
+        job = await asyncio.to_thread(_prepare, body, route)
         constrained = job.prefill or (body.response_format or {}).get("type", "text") != "text"
         if constrained:  # compiling may take a while: off the event loop
             grammar = await asyncio.to_thread(_grammar, body, route, job)
             job = replace(job, params=replace(job.params, grammar=grammar))
         if body.stream:
+            # Starlette cancels the stream when the client disconnects; the stream then
+            # cancels its generation (see `_stream`).
             return StreamingResponse(_stream(body, route, job), media_type="text/event-stream")
-        samples = await route.engine.generate(
+        generation = route.engine.generate(
             job.prompt_ids, job.params, n=body.n, adapter=route.adapter
         )
+        samples = await _unless_disconnected(request, generation)
         return JSONResponse(_completion(body, route, job, samples))
 
     return app
 
 
-def _validation_error(error: RequestValidationError) -> ApiError:
-    first = error.errors()[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
-    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-    if first.get("type") == "extra_forbidden":
-        message = f"unsupported parameter {param!r}"
-    elif first.get("type") == "less_than_equal" and param in (
-        "frequency_penalty",
-        "presence_penalty",
-    ):
-        message = f"{param} is not supported by this engine; leave it at 0"
-    if param and not message.startswith(param.split(".")[0]):
-        message = f"{param}: {message}"
-    return ApiError(400, message, param=param)
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[list[Sample]]) -> list[Sample]:
+    """`await work`, cancelled as soon as the client disconnects.
+
+    uvicorn does not cancel a handler whose client went away; once the body is read, the
+    next ASGI message the request receives is its `http.disconnect`.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        log_rejected(request, 499, "the client disconnected; its generation was cancelled")
+        raise _ClientGone
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass(frozen=True)
@@ -462,6 +434,7 @@ async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> Async
             on_token=on_token if incremental else None,
         )
     )
+    getter: asyncio.Future[tuple[int, int]] | None = None
     try:
         for index in range(body.n):
             yield chunk(
@@ -506,9 +479,10 @@ async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> Async
         if body.stream_options and body.stream_options.get("include_usage"):
             yield chunk([], usage=_usage(job, samples))
         yield "data: [DONE]\n\n"
-    finally:
-        if not generation.done():
-            generation.cancel()
+    finally:  # the client may have gone: stop decoding for it
+        generation.cancel()
+        if getter is not None:
+            getter.cancel()
 
 
 __all__ = ["ApiError", "ChatCompletionRequest", "Route", "Router", "build_app"]

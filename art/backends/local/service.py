@@ -28,6 +28,7 @@ from ...core.errors import ConfigError
 from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
+from ...core.validation import check_trainable
 from . import models
 from .chat_format import tool_template_for
 from .engine import TransformersEngine
@@ -189,7 +190,7 @@ class ModelService:
             return self._base_url
         import uvicorn
 
-        app = build_app(self, self.api_key)
+        app = build_app(self, self.api_key, context_length=self._longest_context)
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, name="art-openai-server", daemon=True)
@@ -204,6 +205,9 @@ class ModelService:
         self._base_url = f"http://127.0.0.1:{port}/v1"
         return self._base_url
 
+    def _longest_context(self) -> int:
+        return max((base.context_length for base in self._bases.values()), default=0)
+
     # --- training -------------------------------------------------------------------------
 
     def train(
@@ -217,14 +221,15 @@ class ModelService:
         """One training step; the new adapter is saved as the next checkpoint and served."""
         trained = self._models[f"{project}/{name}"]
         groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
+        train_config = TrainConfig.model_validate(config)
+        objective = dev.TrainConfig.model_validate(dev_config)
+        # Again here, for callers that reach the service without `model.train` (art serve).
+        check_trainable(groups, allow_without_logprobs=objective.allow_training_without_logprobs)
         base = trained.base
         with base.exclusive():
             base.model.set_adapter(trained.adapter)
             metrics: dict[str, float] = trained.trainer.step(
-                groups,
-                TrainConfig.model_validate(config),
-                dev.TrainConfig.model_validate(dev_config),
-                base.chat_template,
+                groups, train_config, objective, base.chat_template
             )
             step = trained.store.step() + 1
             replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
