@@ -10,16 +10,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import pytest_asyncio
 
 import art
 from art.backends.local.engine import TransformersEngine
+from art.core.storage import ModelStore
 from art.local import LocalBackend
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -268,3 +275,165 @@ async def test_malformed_bodies_are_a_400_about_the_body(
     error = response.json()["error"]
     assert error["param"] == "body"  # not a character position
     assert "body" in error["message"]
+
+
+# --- nothing written that did not happen ----------------------------------------------
+
+
+async def trainee(backend: LocalBackend, name: str) -> art.TrainableModel:
+    model = art.TrainableModel(
+        name=name,
+        project="tests",
+        base_model=BASE,
+        _internal_config=art.dev.InternalModelConfig(init_args=art.dev.InitArgs(dtype="float32")),
+    )
+    await model.register(backend)
+    return model
+
+
+async def sampled(model: art.TrainableModel, reward: float) -> art.Trajectory:
+    """A turn sampled through the model's endpoint: a Choice with its token ids."""
+    messages = ask("Say a color.")
+    completion = await model.openai_client().chat.completions.create(
+        model=model.name,
+        messages=messages,
+        max_tokens=4,  # type: ignore[arg-type]
+    )
+    return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
+
+
+def plain(reward: float) -> art.Trajectory:
+    """A conversation whose assistant turn was not sampled here: nothing to train exactly."""
+    return art.Trajectory(
+        messages_and_choices=[*ask("Say a color."), {"role": "assistant", "content": "Blue."}],
+        reward=reward,
+    )
+
+
+async def test_training_with_nothing_sampled_is_refused_before_anything_is_written(
+    backend: LocalBackend, backend_path: Path
+) -> None:
+    model = await trainee(backend, "unsampled")
+    run = backend_path / "tests" / "models" / "unsampled"
+    before = sorted(path.relative_to(run) for path in run.rglob("*"))
+    groups = [art.TrajectoryGroup([plain(0.0), plain(1.0)])]
+    with pytest.raises(art.TrajectoryValidationError, match="nothing to train"):
+        await model.train(groups)
+    failed = art.TrajectoryGroup([ValueError("rollout crashed"), ValueError("again")])
+    with pytest.raises(art.TrajectoryValidationError, match="every rollout failed"):
+        await model.train([failed])
+    assert sorted(path.relative_to(run) for path in run.rglob("*")) == before
+    assert await model.get_step() == 0
+
+    # Asked for: plain assistant turns are trained on their re-encoded text.
+    await model.train(groups, _config=art.dev.TrainConfig(allow_training_without_logprobs=True))
+    assert await model.get_step() == 1
+
+
+async def test_a_retried_train_logs_its_trajectories_once(
+    backend: LocalBackend, backend_path: Path, chat_server_url: str
+) -> None:
+    model = await trainee(backend, "retried")
+    good = art.TrajectoryGroup([await sampled(model, 0.0), await sampled(model, 1.0)])
+    mixed = art.TrajectoryGroup([await sampled(model, 0.0), plain(1.0)])
+    foreign = await httpx.AsyncClient().post(
+        f"{chat_server_url}/chat/completions", json={"model": "x", "messages": ask("Say a color.")}
+    )
+    from openai.types.chat.chat_completion import Choice
+
+    unsampled = Choice.model_validate(foreign.json()["choices"][0])  # no token ids
+    mixed.trajectories[1].messages_and_choices[-1] = unsampled
+    groups = [good, mixed]
+    with pytest.raises(art.TrainingError, match="has no token ids"):
+        await model.train(groups)  # fails in the trainer, after the groups were logged
+    await model.train(groups, _config=art.dev.TrainConfig(allow_training_without_logprobs=True))
+    assert await model.get_step() == 1
+    stored = ModelStore(backend_path, "tests", "retried").read_trajectories("train", 0)
+    assert len(stored) == 2
+    assert [len(group.trajectories) for group in stored] == [2, 2]
+
+
+# --- a dead or interrupted service child ----------------------------------------------
+
+_START_SERVICE = """
+import os, sys, time
+from art.local import LocalBackend
+backend = LocalBackend(path=sys.argv[1])
+service = backend._model_service()
+print(service._process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_service_child_holds_no_key_in_its_environment_and_sigint_leaves_no_temp_dir(
+    tmp_path: Path,
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = subprocess.Popen(
+        [sys.executable, "-c", _START_SERVICE, str(tmp_path / ".art")],
+        env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.getcwd()},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert script.stdout is not None
+        child = int(script.stdout.readline())
+        environment = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        assert not [entry for entry in environment if b"AUTHKEY" in entry.upper()]
+        assert list(temp.iterdir()) == []  # the socket's directory is gone once connected
+        script.send_signal(signal.SIGINT)
+        assert script.wait(timeout=60) != 0  # KeyboardInterrupt, no cleanup code of ours ran
+        # The child exits when its parent's socket closes.
+        deadline = time.monotonic() + WAIT_S
+        while Path(f"/proc/{child}").exists() and _state(child) != "Z":
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.1)
+        assert list(temp.iterdir()) == []
+    finally:
+        if script.poll() is None:
+            script.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+async def test_a_dead_service_child_is_named_on_the_next_call_inference_included(
+    tmp_path: Path,
+) -> None:
+    backend = LocalBackend(path=tmp_path / ".art")
+    try:
+        model = await trainee(backend, "orphan")
+        client = model.openai_client()
+        answer = await client.chat.completions.create(
+            model=model.name,
+            messages=ask("Hi"),
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+        assert answer.choices[0].message.role == "assistant"
+        from art.backends.local.process import ServiceProcess
+
+        service = backend._model_service()
+        assert isinstance(service, ServiceProcess)
+        os.kill(service._process.pid, signal.SIGKILL)
+        service._process.wait()
+
+        with pytest.raises(openai.APIStatusError, match="was killed by signal 9") as raised:
+            await client.with_options(max_retries=0).chat.completions.create(
+                model=model.name,
+                messages=ask("Hi"),
+                max_tokens=2,  # type: ignore[arg-type]
+            )
+        assert raised.value.status_code == 503
+        assert "Create a new LocalBackend" in str(raised.value)
+        with pytest.raises(art.BackendError, match=r"was killed by signal 9.*new LocalBackend"):
+            await model.train([art.TrajectoryGroup([plain(0.0), plain(1.0)])], _config=ALLOW)
+    finally:
+        await backend.close()
+
+
+ALLOW = art.dev.TrainConfig(allow_training_without_logprobs=True)
