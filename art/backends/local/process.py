@@ -18,6 +18,7 @@ OpenAI client goes through `ServiceTransport`, which answers 503 saying so.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import secrets
 import shutil
@@ -29,8 +30,6 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
-
-import httpx
 
 from ...core.errors import BackendError
 
@@ -152,31 +151,50 @@ def _start_child(directory: str, path: str) -> tuple[subprocess.Popen[bytes], Co
             raise
 
 
-class ServiceTransport(httpx.AsyncBaseTransport):
-    """An httpx transport to the child's endpoint that names a dead child.
+class ServiceTransport:
+    """A transport for the OpenAI client of the child's endpoint that names a dead child.
 
     A request that cannot reach the endpoint because the child died is answered 503 with
-    `failure()`'s text in OpenAI's error shape, which the OpenAI client raises as is.
+    `failure()`'s text in OpenAI's error shape, which the OpenAI client raises as is. It
+    wraps the default transport of the HTTP library the OpenAI SDK uses (httpx, or its
+    fork httpx2), through that library's transport interface.
     """
 
     def __init__(self, failure: Callable[[], str | None]) -> None:
         self._failure = failure
-        self._inner = httpx.AsyncHTTPTransport()
+        self._httpx = _openai_http_library()
+        self._inner = self._httpx.AsyncHTTPTransport()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: Any) -> Any:
         failure = self._failure()
         if failure is None:
             try:
                 return await self._inner.handle_async_request(request)
-            except httpx.TransportError:
+            except self._httpx.TransportError:
                 failure = self._failure()
                 if failure is None:
                     raise
         error = {"message": failure, "type": "server_error", "param": None, "code": "service_died"}
-        return httpx.Response(503, json={"error": error}, request=request)
+        return self._httpx.Response(503, json={"error": error}, request=request)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+    async def __aenter__(self) -> ServiceTransport:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _openai_http_library() -> Any:
+    """The module (httpx or httpx2) whose AsyncClient the OpenAI SDK's client is."""
+    from openai import DefaultAsyncHttpxClient
+
+    for cls in DefaultAsyncHttpxClient.__mro__:
+        if cls.__name__ == "AsyncClient" and not cls.__module__.startswith("openai"):
+            return importlib.import_module(cls.__module__.split(".")[0])
+    raise BackendError("the OpenAI SDK's HTTP client is neither httpx's nor httpx2's")
 
 
 def main() -> None:
