@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +43,8 @@ from .openai_request import (
 )
 from .structured import Grammar, GrammarError, Grammars
 
+logger = logging.getLogger("art.endpoint")
+
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
 
 
@@ -65,20 +68,21 @@ class Router(Protocol):
 
     def model_names(self) -> list[str]: ...
 
+    def longest_context(self) -> int:
+        """The longest context (in tokens) of the models served; it bounds a request body."""
+        ...
 
-def build_app(
-    router: Router, api_key: str | None, *, context_length: Callable[[], int] | None = None
-) -> FastAPI:
+
+def build_app(router: Router, api_key: str | None) -> FastAPI:
     """The FastAPI app serving `router`'s models. With `api_key`, /v1 routes require it.
 
-    `context_length()` is the longest context served: a chat request body may hold
-    `BODY_BYTES_PER_TOKEN` bytes per token of it (at least `MIN_BODY_BYTES`).
+    A chat request body may hold `BODY_BYTES_PER_TOKEN` bytes per token of the longest
+    context served (at least `MIN_BODY_BYTES`).
     """
     app = FastAPI(title="art model endpoint", docs_url=None, redoc_url=None)
 
     def max_body_bytes() -> int:
-        tokens = context_length() if context_length is not None else 0
-        return max(MIN_BODY_BYTES, tokens * BODY_BYTES_PER_TOKEN)
+        return max(MIN_BODY_BYTES, router.longest_context() * BODY_BYTES_PER_TOKEN)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -462,7 +466,13 @@ async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> Async
             delta, sent[index] = text[len(sent[index]) :], text
             if delta:
                 yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
-        samples = await generation
+        try:
+            samples = await generation
+        except Exception as error:  # headers are sent: the failure goes in the stream
+            logger.warning("stream %s failed: %s: %s", completion_id, type(error).__name__, error)
+            failure = {"message": f"generation failed: {error}", "type": "server_error"}
+            yield f"data: {json.dumps({'error': failure})}\n\n"
+            return
         for index, sample in enumerate(samples):
             message, finish_reason = _message(body, job, sample)
             final_delta: dict[str, Any] = {}

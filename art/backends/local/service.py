@@ -190,7 +190,7 @@ class ModelService:
             return self._base_url
         import uvicorn
 
-        app = build_app(self, self.api_key, context_length=self._longest_context)
+        app = build_app(self, self.api_key)
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, name="art-openai-server", daemon=True)
@@ -204,9 +204,6 @@ class ModelService:
         self._server = server
         self._base_url = f"http://127.0.0.1:{port}/v1"
         return self._base_url
-
-    def _longest_context(self) -> int:
-        return max((base.context_length for base in self._bases.values()), default=0)
 
     # --- training -------------------------------------------------------------------------
 
@@ -273,6 +270,9 @@ class ModelService:
     def _route(self, base: _Base, adapter: str | None) -> Route:
         assert base.engine is not None
         return Route(base.engine, base.tokenizer, base.chat_template, adapter, base.context_length)
+
+    def longest_context(self) -> int:
+        return max((base.context_length for base in self._bases.values()), default=0)
 
     def model_names(self) -> list[str]:
         names = [base.name for base in self._bases.values()]
