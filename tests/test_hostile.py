@@ -173,6 +173,41 @@ async def test_abandoned_and_broken_requests_fail_alone(
     assert still.status_code == 200
 
 
+async def test_a_request_whose_callback_raises_or_whose_seed_torch_refuses_fails_alone(
+    backend: LocalBackend, served: art.TrainableModel, engine: TransformersEngine
+) -> None:
+    """Straight at the engine, past the endpoint's checks: the neighbours still finish."""
+    from art.backends.local.engine import SamplingParams
+    from art.backends.local.service import ModelService
+
+    service = backend._model_service()
+    assert isinstance(service, ModelService)
+    adapter = service.route(served.name).adapter
+    prompt = engine.tokenizer("Name a fruit.", add_special_tokens=False).input_ids
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+
+    def explode(index: int, token: int) -> None:
+        raise RuntimeError("the client's callback broke")
+
+    alone = await engine.generate(prompt, greedy, adapter=adapter)
+    results = await asyncio.gather(
+        engine.generate(prompt, greedy, adapter=adapter),
+        engine.generate(prompt, greedy, adapter=adapter, on_token=explode),
+        engine.generate(prompt, SamplingParams(max_tokens=6, seed=2**70), adapter=adapter),
+        engine.generate(prompt, greedy, n=2, adapter=adapter),
+        return_exceptions=True,
+    )
+    ok, broken, seeded, pair = results
+    assert isinstance(broken, RuntimeError)
+    assert "callback broke" in str(broken)
+    assert isinstance(seeded, ValueError)  # torch: the seed does not fit 64 bits
+    assert isinstance(ok, list)
+    assert isinstance(pair, list)
+    assert ok[0].token_ids == alone[0].token_ids
+    assert [sample.token_ids for sample in pair] == [alone[0].token_ids] * 2
+    await eventually(lambda: engine.active_rows == 0, "an idle engine")
+
+
 async def test_a_non_streaming_client_that_disconnects_frees_its_rows(
     served: art.TrainableModel, http: httpx.AsyncClient, engine: TransformersEngine
 ) -> None:

@@ -87,8 +87,9 @@ def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(
                 f"{where}[{key!r}]",
-                f"a metric must be a number, got {type(value).__name__}",
-                "Log numbers only; put text in a trajectory's metadata",
+                f"a metric must be a number (int, float or bool), got {type(value).__name__}",
+                "Log plain numbers (`float(value)` for numpy or torch scalars); put text in a "
+                "trajectory's metadata",
             )
 
 
