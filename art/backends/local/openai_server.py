@@ -1,10 +1,9 @@
 """The OpenAI-compatible HTTP endpoint (`/v1/chat/completions`, `/v1/models`).
 
-Each choice carries three fields beyond the OpenAI schema, which training reads:
-`prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
-and `token_logprobs` (their logprobs under the model's temperature-1 distribution).
-Bad requests get a 4xx in OpenAI's error shape naming the parameter (see
-`openai_request.py`); the server keeps serving.
+The request schema and its errors are in `openai_request.py`, the answers (whole or
+streamed) in `openai_response.py`; here are the app, the tool-call policy (`_prepare`)
+and the choice of grammar (`_grammar`). Bad requests get a 4xx in OpenAI's error shape
+naming the parameter; the server keeps serving.
 
 Nothing heavy runs on the event loop: the body is parsed, the chat template rendered and
 the prompt tokenized in worker threads, so `/health` and small requests are answered
@@ -17,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -29,8 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .chat_format import parse_tool_calls, render_prompt
-from .engine import Sample, SamplingParams, TransformersEngine
+from .chat_format import render_prompt
+from .engine import Sample, SamplingParams
 from .openai_request import (
     BODY_BYTES_PER_TOKEN,
     MIN_BODY_BYTES,
@@ -41,22 +37,10 @@ from .openai_request import (
     read_body,
     validation_error,
 )
+from .openai_response import Job, Route, completion, stream
 from .structured import Grammar, GrammarError, Grammars
 
-logger = logging.getLogger("art.endpoint")
-
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where a `model` name is served: an engine, and the adapter to use (None: the base)."""
-
-    engine: TransformersEngine
-    tokenizer: Any
-    chat_template: str | None
-    adapter: str | None
-    context_length: int
 
 
 class Router(Protocol):
@@ -142,13 +126,13 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
             job = replace(job, params=replace(job.params, grammar=grammar))
         if body.stream:
             # Starlette cancels the stream when the client disconnects; the stream then
-            # cancels its generation (see `_stream`).
-            return StreamingResponse(_stream(body, route, job), media_type="text/event-stream")
+            # cancels its generation (see `openai_response.stream`).
+            return StreamingResponse(stream(body, route, job), media_type="text/event-stream")
         generation = route.engine.generate(
             job.prompt_ids, job.params, n=body.n, adapter=route.adapter
         )
         samples = await _unless_disconnected(request, generation)
-        return JSONResponse(_completion(body, route, job, samples))
+        return JSONResponse(completion(body, route, job, samples))
 
     return app
 
@@ -182,20 +166,7 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-@dataclass(frozen=True)
-class _Job:
-    prompt_ids: list[int]
-    params: SamplingParams
-    prefill: str  # assistant text forced before sampling (a required tool call)
-    forced_tool: str | None  # the tool whose call the prefill opens
-    tool_names: tuple[str, ...]  # the tools offered (none: no tool calls are parsed)
-
-    @property
-    def parse_tools(self) -> bool:
-        return bool(self.tool_names)
-
-
-def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
+def _prepare(body: ChatCompletionRequest, route: Route) -> Job:
     tools = body.tools if body.tool_choice != "none" else None
     if tools and route.chat_template is None and "tools" not in str(route.tokenizer.chat_template):
         raise ApiError(400, "this model's chat template has no tool support", param="tools")
@@ -245,10 +216,10 @@ def _prepare(body: ChatCompletionRequest, route: Route) -> _Job:
         seed=body.seed,
         top_logprobs=body.top_logprobs or 0,
     )
-    return _Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
+    return Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
 
 
-def _grammar(body: ChatCompletionRequest, route: Route, job: _Job) -> Grammar | None:
+def _grammar(body: ChatCompletionRequest, route: Route, job: Job) -> Grammar | None:
     """The grammar the completion is sampled under: a forced call's arguments, else the
     `response_format` (a turn that must call a tool has no room for other JSON)."""
     grammars = route.engine.grammars
@@ -319,180 +290,6 @@ def _tools_grammar(
                 param = f"tools[{index}].function.parameters"
                 break
         raise ApiError(400, f"{param}: not a usable JSON schema: {error}", param=param) from error
-
-
-def _message(body: ChatCompletionRequest, job: _Job, sample: Sample) -> tuple[dict[str, Any], str]:
-    text = job.prefill + sample.text
-    if not job.parse_tools:
-        return {"role": "assistant", "content": text}, sample.finish_reason
-    if job.forced_tool is not None:
-        calls, content = _forced_call(job.forced_tool, sample.text), None
-    else:
-        parsed = parse_tool_calls(text)
-        calls, content = parsed.tool_calls, parsed.content
-    if not calls or any(call["function"]["name"] not in job.tool_names for call in calls):
-        return {"role": "assistant", "content": text}, sample.finish_reason  # malformed: as text
-    calls = calls if body.parallel_tool_calls else calls[:1]
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-
-
-def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
-    """The call whose arguments the model wrote after a forced `"arguments": ` prefill.
-
-    The first complete JSON object is the arguments; whatever follows is ignored.
-    """
-    try:
-        arguments, _ = json.JSONDecoder().raw_decode(arguments_text.lstrip())
-    except json.JSONDecodeError:
-        return []
-    if not isinstance(arguments, dict):
-        return []
-    call = {"name": name, "arguments": arguments}
-    return parse_tool_calls(f"<tool_call>{json.dumps(call)}</tool_call>").tool_calls
-
-
-def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        token = route.tokenizer.decode([token_id])
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-    content = []
-    for i, (token_id, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
-        item = entry(token_id, logprob)
-        alternatives = sample.top_logprobs[i] if sample.top_logprobs else []
-        item["top_logprobs"] = [entry(t, lp) for t, lp in alternatives]
-        content.append(item)
-    return {"content": content, "refusal": None}
-
-
-def _choice(
-    body: ChatCompletionRequest, route: Route, job: _Job, index: int, sample: Sample
-) -> dict[str, Any]:
-    message, finish_reason = _message(body, job, sample)
-    return {
-        "index": index,
-        "message": message,
-        "finish_reason": finish_reason,
-        "logprobs": _logprobs(route, sample) if body.logprobs else None,
-        "prompt_token_ids": job.prompt_ids,
-        "token_ids": sample.token_ids,
-        "token_logprobs": sample.logprobs,
-    }
-
-
-def _usage(job: _Job, samples: list[Sample]) -> dict[str, int]:
-    completion = sum(len(sample.token_ids) for sample in samples)
-    prompt = len(job.prompt_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def _completion(
-    body: ChatCompletionRequest, route: Route, job: _Job, samples: list[Sample]
-) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "choices": [_choice(body, route, job, i, sample) for i, sample in enumerate(samples)],
-        "usage": _usage(job, samples),
-    }
-
-
-async def _stream(body: ChatCompletionRequest, route: Route, job: _Job) -> AsyncIterator[str]:
-    """Server-sent events: text deltas as tokens are sampled, then the finished choices.
-
-    Text with tools or stop strings is sent whole at the end, once it is known whether it
-    holds a tool call or a stop string.
-    """
-    loop = asyncio.get_running_loop()
-    tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    incremental = not job.parse_tools and not job.params.stop and not job.prefill
-    completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        data: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": body.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            data["usage"] = usage
-        return f"data: {json.dumps(data)}\n\n"
-
-    def on_token(index: int, token_id: int) -> None:
-        loop.call_soon_threadsafe(tokens.put_nowait, (index, token_id))
-
-    generation = asyncio.ensure_future(
-        route.engine.generate(
-            job.prompt_ids,
-            job.params,
-            n=body.n,
-            adapter=route.adapter,
-            on_token=on_token if incremental else None,
-        )
-    )
-    getter: asyncio.Future[tuple[int, int]] | None = None
-    try:
-        for index in range(body.n):
-            yield chunk(
-                [
-                    {
-                        "index": index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        sent = [""] * body.n
-        ids: list[list[int]] = [[] for _ in range(body.n)]
-        while incremental and not (generation.done() and tokens.empty()):
-            getter = asyncio.ensure_future(tokens.get())
-            await asyncio.wait({getter, generation}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                continue
-            index, token_id = getter.result()
-            ids[index].append(token_id)
-            text = route.tokenizer.decode(ids[index], skip_special_tokens=True)
-            if text.endswith("\ufffd"):
-                continue  # half of a multi-byte character: wait for the rest
-            delta, sent[index] = text[len(sent[index]) :], text
-            if delta:
-                yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
-        try:
-            samples = await generation
-        except Exception as error:  # headers are sent: the failure goes in the stream
-            logger.warning("stream %s failed: %s: %s", completion_id, type(error).__name__, error)
-            failure = {"message": f"generation failed: {error}", "type": "server_error"}
-            yield f"data: {json.dumps({'error': failure})}\n\n"
-            return
-        for index, sample in enumerate(samples):
-            message, finish_reason = _message(body, job, sample)
-            final_delta: dict[str, Any] = {}
-            content = message.get("content") or ""
-            if content[len(sent[index]) :]:
-                final_delta["content"] = content[len(sent[index]) :]
-            if message.get("tool_calls"):
-                final_delta["tool_calls"] = [
-                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
-                ]
-            final = _choice(body, route, job, index, sample)
-            final.pop("message")
-            yield chunk([{**final, "delta": final_delta, "finish_reason": finish_reason}])
-        if body.stream_options and body.stream_options.get("include_usage"):
-            yield chunk([], usage=_usage(job, samples))
-        yield "data: [DONE]\n\n"
-    finally:  # the client may have gone: stop decoding for it
-        generation.cancel()
-        if getter is not None:
-            getter.cancel()
 
 
 __all__ = ["ApiError", "ChatCompletionRequest", "Route", "Router", "build_app"]
