@@ -385,10 +385,10 @@ async def test_a_step_without_reward_variance_trains_nothing_but_advances(
     assert row["train/trainable_groups"] == 0
 
 
-async def test_choices_without_sampled_ids_are_refused_and_nothing_is_lost(
+async def test_choices_without_sampled_ids_are_refused_before_anything_is_written(
     backend: LocalBackend, backend_path: Path, chat_server_url: str
 ) -> None:
-    """Choices from another endpoint carry no token ids: training says why and keeps step 0."""
+    """Choices from another endpoint carry no token ids: training says why, writes nothing."""
     model = art.TrainableModel(name="foreign", project="tests", base_model=BASE)
     await model.register(backend)
     other = AsyncOpenAI(base_url=chat_server_url, api_key="k")
@@ -400,12 +400,12 @@ async def test_choices_without_sampled_ids_are_refused_and_nothing_is_lost(
         )
 
     groups = [await art.TrajectoryGroup([foreign(0.0), foreign(1.0)])]
-    with pytest.raises(art.TrainingError, match="allow_training_without_logprobs"):
+    with pytest.raises(art.TrajectoryValidationError, match="allow_training_without_logprobs"):
         await model.train(groups)
     assert await model.get_step() == 0
     run = backend_path / "tests" / "models" / "foreign"
     assert (run / "checkpoints" / "0000" / "adapter_model.safetensors").is_file()
-    assert (run / "trajectories" / "train" / "0000.parquet").is_file()  # the data was kept
+    assert not (run / "trajectories").exists()  # a step that did not happen is not logged
 
     await model.train(groups, _config=art.dev.TrainConfig(allow_training_without_logprobs=True))
     assert await model.get_step() == 1

@@ -270,3 +270,37 @@ async def test_delete_checkpoints_keeps_the_latest_and_the_best(art_path: Path) 
         await model.delete_checkpoints("val/accuracy")
     assert await model.delete_checkpoints() == [1, 3]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0002", "0004"]
+
+
+async def test_log_refuses_reserved_and_non_numeric_metrics(art_path: Path) -> None:
+    """`step` and `recorded_at` are every row's own columns: no metric may overwrite them."""
+    model = await registered(art_path)
+    await model.log(metrics={"loss": 1.0})
+    before = (model_dir(art_path) / "history.jsonl").read_text()
+    with pytest.raises(art.ConfigError, match=r"metrics\['step'\]"):
+        await model.log(metrics={"step": 777})
+    with pytest.raises(art.ConfigError, match=r"metrics\['speed'\]: a metric must be a number"):
+        await model.log(metrics={"speed": "fast"})  # type: ignore[dict-item]
+    # The store refuses them too, for callers that skip `model.log` (art serve's log route).
+    store = ModelStore(art_path, "proj", "agent-001")
+    with pytest.raises(art.ConfigError, match=r"metrics\['recorded_at'\]"):
+        store.append_history(3, {"recorded_at": 1.0})
+    with pytest.raises(art.TrajectoryValidationError, match=r"\[1\]: the group is empty"):
+        store.write_trajectories(
+            "val", 0, [art.TrajectoryGroup([tool_trajectory(1.0)]), art.TrajectoryGroup([])]
+        )
+    assert (model_dir(art_path) / "history.jsonl").read_text() == before
+    assert not (model_dir(art_path) / "trajectories").exists()
+    assert [row["step"] for row in history(art_path)] == [0]
+
+
+def test_the_train_split_stores_a_retried_steps_groups_once(art_path: Path) -> None:
+    """A `train` that failed and is retried logs the same groups again: they are kept once."""
+    store = ModelStore(art_path, "proj", "agent-001")
+    groups = [art.TrajectoryGroup([tool_trajectory(1.0), tool_trajectory(0.0)])]
+    retried = [art.TrajectoryGroup([tool_trajectory(0.5)])]
+    store.write_trajectories("train", 0, groups)
+    store.write_trajectories("train", 0, groups)  # the retry
+    store.write_trajectories("train", 0, groups + retried)  # a retry with one more group
+    stored = store.read_trajectories("train", 0)
+    assert [[t.reward for t in group] for group in stored] == [[1.0, 0.0], [0.5]]

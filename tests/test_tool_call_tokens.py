@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from art.backends.local.engine import Sample, SamplingParams
-from art.backends.local.openai_server import ChatCompletionRequest, Route, _choice, _Job
+from art.backends.local.openai_request import ChatCompletionRequest
+from art.backends.local.openai_response import Job, Route, _choice
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
@@ -43,7 +44,7 @@ def choice_for(tokenizer: Any, text: str, *, parallel: bool) -> dict[str, Any]:
         parallel_tool_calls=parallel,
         logprobs=True,
     )
-    job = _Job(
+    job = Job(
         prompt_ids=[1, 2, 3],
         params=SamplingParams(max_tokens=64),
         prefill="",

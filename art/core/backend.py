@@ -6,9 +6,9 @@ only ever calls these methods, through the model, and never checks which backend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import dev
 from .trajectories import TrajectoryGroup
@@ -22,10 +22,12 @@ class InferenceEndpoint(BaseModel):
     """Where a registered model answers OpenAI-compatible chat completions.
 
     `model_name` is the `model` value the endpoint routes to this model, where it differs
-    from the model's name (LocalBackend serves `project/name`).
+    from the model's name (LocalBackend serves `project/name`). `http_transport` (an
+    `httpx.AsyncBaseTransport`), where a backend gives one, carries the model's OpenAI
+    client's requests: LocalBackend's names a dead service process.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     base_url: str
     api_key: str
@@ -33,6 +35,7 @@ class InferenceEndpoint(BaseModel):
     # joins it to a step for an older one: `name@3`, or W&B's `...:step3`.
     model_name: str | None = None
     step_separator: str = "@"
+    http_transport: Any = Field(default=None, exclude=True)
 
 
 @runtime_checkable

@@ -16,10 +16,10 @@ from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, TrainingError
 from .metrics import group_metrics
-from .storage import check_split
+from .storage import check_metrics, check_split
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig
-from .validation import coerce_groups
+from .validation import check_trainable, coerce_groups
 
 logger = logging.getLogger("art")
 
@@ -53,6 +53,7 @@ class Model(ConfigModel):
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
     _step_separator: str = PrivateAttr(default="@")
+    _http_transport: Any = PrivateAttr(default=None)  # the backend's, for the OpenAI client
 
     @field_validator("name", "project")
     @classmethod
@@ -90,6 +91,7 @@ class Model(ConfigModel):
         if endpoint.model_name is not None:
             self.inference_model_name = endpoint.model_name
         self._step_separator = endpoint.step_separator
+        self._http_transport = endpoint.http_transport
         self._openai_client = None
 
     def backend(self) -> Backend:
@@ -130,7 +132,8 @@ class Model(ConfigModel):
         # The OpenAI SDK's own pool limits, which an httpx client of our own would lower.
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         transport = RecordingAsyncTransport(
-            httpx.AsyncHTTPTransport(limits=limits), accepts=served_as(self._served_names)
+            self._http_transport or httpx.AsyncHTTPTransport(limits=limits),
+            accepts=served_as(self._served_names),
         )
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
@@ -200,6 +203,7 @@ class Model(ConfigModel):
             raise ConfigError(
                 "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
             )
+        check_metrics(metrics or {})
         row = group_metrics(groups) if groups else {}
         for key, value in (metrics or {}).items():
             row[key] = value
@@ -317,8 +321,11 @@ class TrainableModel(Model):
         """
         backend = self._registered_backend("train")
         groups = coerce_groups(trajectory_groups, "trajectory_groups")
+        dev_config = _config or dev.TrainConfig()
+        check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
         step = await backend.get_step(self)
-        # The trajectories are stored before training starts, so a failed step loses no data.
+        # The trajectories are stored before training starts, so a failed step loses no
+        # data; the store keeps one copy of each, so a retried step does not log it twice.
         await backend.log(self, groups, split="train", step=step, metrics={})
         started = time.monotonic()
         try:
@@ -326,7 +333,7 @@ class TrainableModel(Model):
                 self,
                 groups,
                 config=config or TrainConfig(),
-                dev_config=_config or dev.TrainConfig(),
+                dev_config=dev_config,
                 verbose=verbose,
             )
         except TrainingError as error:

@@ -57,10 +57,11 @@ ModelFilter = Callable[[str], bool]
 
 
 def served_as(names: Callable[[], Iterable[str]]) -> ModelFilter:
-    """A filter accepting each of `names()` and its checkpoints (`name@step`)."""
+    """A filter accepting each of `names()` and its checkpoints (`name@step`, or the W&B
+    Training API's `name:step3`)."""
 
     def accepts(requested: str) -> bool:
-        return any(requested == n or requested.startswith(f"{n}@") for n in names())
+        return any(requested == n or requested.startswith((f"{n}@", f"{n}:step")) for n in names())
 
     return accepts
 

@@ -25,10 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, TrajectoryValidationError
 from .trajectories import TrajectoryGroup
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
+# Columns every history row has, which no logged metric may overwrite.
+RESERVED_METRICS = frozenset({"step", "recorded_at"})
 _SPLIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
@@ -97,6 +99,39 @@ def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
             fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None:
+    """Refuse a metric a history row cannot hold: a reserved or empty name, or a non-number."""
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(
+                where, f"metric name {key!r} is not a non-empty string", "Name every metric"
+            )
+        if key in RESERVED_METRICS:
+            raise ConfigError(
+                f"{where}[{key!r}]",
+                f"{key!r} is a column every history row already has",
+                "Pass the step as `step=`, and give the metric another name",
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(
+                f"{where}[{key!r}]",
+                f"a metric must be a number (int, float or bool), got {type(value).__name__}",
+                "Log plain numbers (`float(value)` for numpy or torch scalars); put text in a "
+                "trajectory's metadata",
+            )
+
+
+def check_logged_groups(groups: list[TrajectoryGroup], where: str = "trajectory_groups") -> None:
+    """Refuse a group with neither trajectories nor exceptions: it records nothing."""
+    for index, group in enumerate(groups):
+        if not group.trajectories and not group.exceptions:
+            raise TrajectoryValidationError(
+                f"{where}[{index}]",
+                "the group is empty",
+                "Give every group at least one trajectory, or leave the group out",
+            )
 
 
 def check_split(split: str) -> str:
@@ -206,6 +241,7 @@ class ModelStore:
         self, step: int, metrics: Mapping[str, float | int | bool]
     ) -> dict[str, Any]:
         """Add one row; the file is rewritten whole and renamed, so a crash loses no rows."""
+        check_metrics(metrics)
         row: dict[str, Any] = {
             "step": step,
             "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
@@ -228,11 +264,21 @@ class ModelStore:
         return self.dir / "trajectories" / check_split(split) / f"{step:04d}.parquet"
 
     def write_trajectories(self, split: str, step: int, groups: list[TrajectoryGroup]) -> Path:
-        """Store groups in the step's Parquet file, after any groups already logged there."""
+        """Store groups in the step's Parquet file, after any groups already logged there.
+
+        The `train` split holds what a step trained on, so a group already stored there
+        (a `train` retried after a failure or a crash) is not stored again.
+        """
         from . import parquet
 
+        check_logged_groups(groups)
         path = self.trajectories_path(split, step)
         existing = parquet.read_groups(path) if path.exists() else []
+        if split == "train":
+            stored = {_fingerprint(group) for group in existing}
+            groups = [group for group in groups if _fingerprint(group) not in stored]
+            if not groups:
+                return path
         with atomic_path(path) as tmp:
             parquet.write_groups(tmp, existing + groups, split=split, step=step)
         return path
@@ -244,9 +290,17 @@ class ModelStore:
         return parquet.read_groups(path) if path.exists() else []
 
 
+def _fingerprint(group: TrajectoryGroup) -> str:
+    """The group's content as canonical JSON: equal for a group and its stored copy."""
+    return json.dumps(group.model_dump(mode="json"), sort_keys=True)
+
+
 __all__ = [
+    "RESERVED_METRICS",
     "ModelStore",
     "atomic_path",
+    "check_logged_groups",
+    "check_metrics",
     "check_split",
     "fsync_dir",
     "fsync_tree",

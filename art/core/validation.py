@@ -7,7 +7,9 @@ so everything is checked again here, with the full path of any bad value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from openai.types.chat.chat_completion import Choice
 
 from .errors import TrajectoryValidationError
 from .trajectories import (
@@ -73,3 +75,43 @@ def coerce_groups(
         for index, trajectory in enumerate(group.trajectories):
             check_trajectory(trajectory, f"{group_where}.trajectories[{index}]")
     return groups
+
+
+def check_trainable(groups: Sequence[TrajectoryGroup], *, allow_without_logprobs: bool) -> None:
+    """Refuse a training step whose trajectories hold no turn the model could be trained on.
+
+    A trainable turn is a `Choice` the endpoint returned with its sampled `token_ids`; with
+    `allow_without_logprobs` (art.dev.TrainConfig's `allow_training_without_logprobs`) any
+    assistant turn is. Checked before anything is logged or checkpointed, by every backend.
+    """
+    for group in groups:
+        for trajectory in group.trajectories:
+            histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
+            if any(
+                _trainable(item, allow_without_logprobs)
+                for history in histories
+                for item in history.messages_and_choices
+            ):
+                return
+    trajectories = sum(len(group.trajectories) for group in groups)
+    failed = sum(len(group.exceptions) for group in groups)
+    what = (
+        f"none of the {trajectories} trajectories has an assistant turn sampled with its "
+        "token ids (a Choice from the model's own endpoint)"
+        if trajectories
+        else f"every rollout failed ({failed} exceptions), so there is no trajectory"
+    )
+    raise TrajectoryValidationError(
+        "trajectory_groups",
+        f"nothing to train: {what}; nothing was logged or checkpointed",
+        "Sample the assistant turns through `model.openai_client()` and keep the returned "
+        "Choice in messages_and_choices, or set allow_training_without_logprobs=True in "
+        "art.dev.TrainConfig to train on plain assistant messages",
+    )
+
+
+def _trainable(item: object, allow_without_logprobs: bool) -> bool:
+    if isinstance(item, Choice):
+        token_ids = (item.model_extra or {}).get("token_ids")
+        return allow_without_logprobs or (isinstance(token_ids, list) and bool(token_ids))
+    return allow_without_logprobs and isinstance(item, dict) and item.get("role") == "assistant"

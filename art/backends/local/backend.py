@@ -87,11 +87,13 @@ class LocalBackend:
         if isinstance(model, TrainableModel):
             # Loaded before model.json is written: a base model that cannot be loaded must
             # not leave a record that the corrected registration would then conflict with.
-            served = await asyncio.to_thread(self._model_service().register, record)
+            service = self._model_service()
+            served = await asyncio.to_thread(service.register, record)
             endpoint = InferenceEndpoint(
                 base_url=served["base_url"],
                 api_key=served["api_key"],
                 model_name=served["model_name"],
+                http_transport=_transport(service),
             )
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
@@ -168,3 +170,10 @@ class LocalBackend:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _transport(service: ModelService | ServiceProcess) -> Any:
+    """The child process's transport, which names the child if it died; None in-process."""
+    from .process import ServiceProcess, ServiceTransport
+
+    return ServiceTransport(service.failure) if isinstance(service, ServiceProcess) else None

@@ -12,6 +12,11 @@ sampling settings, seed, stop strings and streaming callback, rows join and leav
 mid-flight, and training needs the sampled ids with their logprobs under the model's
 own (temperature-1) distribution.
 
+Each row fails alone. A request whose caller went away (its future cancelled), whose
+streaming callback raises, or whose settings cannot be used (a seed torch refuses) is
+ended and its rows leave the batch at the next step, freeing their slots; the other rows
+go on. Only an error of the model call itself, which every row shares, fails the batch.
+
 A request may carry a grammar (`SamplingParams.grammar`, see `structured.py`): its rows
 sample only the tokens the grammar allows. Masks are computed for those rows alone, and
 a step with no constrained row does no grammar work at all.
@@ -72,6 +77,14 @@ class _Request:
     samples: list[Sample] = field(default_factory=list)
     unfinished: int = 0
 
+    @property
+    def ended(self) -> bool:
+        """Answered, failed, or abandoned by its caller (a cancelled future)."""
+        return self.future.done()
+
+    def fail(self, error: BaseException) -> None:
+        _settle(self.future, error=error)
+
 
 @dataclass
 class _Row:
@@ -126,6 +139,7 @@ class TransformersEngine:
         self._pausing = threading.Event()
         self._closed = False
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
+        self._active_rows = 0
         self.grammars = Grammars(tokenizer, stop_token_ids)
         self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._worker.start()
@@ -139,10 +153,22 @@ class TransformersEngine:
         adapter: str | None = None,
         on_token: OnToken | None = None,
     ) -> list[Sample]:
-        """Sample `n` sequences for one prompt."""
+        """Sample `n` sequences for one prompt.
+
+        Cancelling the awaiting task abandons the request: its rows stop decoding at the
+        next step.
+        """
         future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
         self._queue.put(_Request(prompt_ids, params, n, adapter, on_token, future))
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            future.cancel()  # a no-op once answered; otherwise the worker drops the rows
+
+    @property
+    def active_rows(self) -> int:
+        """Rows (sequences) in the running batch, as of the last decode step."""
+        return self._active_rows
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -160,7 +186,7 @@ class TransformersEngine:
         self._queue.put(None)
         self._worker.join(timeout=30)
         for request in self._held:
-            request.future.set_exception(RuntimeError("the inference engine was closed"))
+            request.fail(RuntimeError("the inference engine was closed"))
         self._held.clear()
 
     # --- the worker -------------------------------------------------------------------
@@ -180,10 +206,12 @@ class TransformersEngine:
                         if batch is None or not batch.rows:
                             break
                         batch = self._step(batch)
+                        self._active_rows = len(batch.rows)
             except BaseException as error:  # delivered to the waiting callers, never lost
                 for request in admitted:
-                    if not request.future.done():
-                        request.future.set_exception(error)
+                    request.fail(error)
+            finally:
+                self._active_rows = 0
 
     def _wait_for_requests(self) -> bool:
         """Block until a request is held; False once the engine is closed."""
@@ -221,6 +249,9 @@ class TransformersEngine:
         admitted: list[_Request] = []
         size = running
         for request in list(self._held):
+            if request.ended:  # abandoned while waiting
+                self._held.remove(request)
+                continue
             if request.adapter != adapter:
                 continue
             if size + request.n > self.max_num_seqs and (admitted or running):
@@ -249,20 +280,18 @@ class TransformersEngine:
             or self._waited_steps > _MAX_WAIT_STEPS
         )
 
-    def _prefill(self, requests: list[_Request]) -> _Batch:
+    def _prefill(self, requests: list[_Request]) -> _Batch | None:
+        """The requests' prompts run as one batch; None when every request failed alone."""
         from transformers import DynamicCache
 
         rows: list[_Row] = []
         for request in requests:
-            request.samples = [Sample() for _ in range(request.n)]
-            request.unfinished = request.n
-            for index, sample in enumerate(request.samples):
-                generator = None
-                if request.params.seed is not None:
-                    generator = torch.Generator().manual_seed(request.params.seed + index)
-                grammar = request.params.grammar
-                matcher = grammar.matcher() if grammar is not None else None
-                rows.append(_Row(request, index, sample, generator, matcher))
+            try:
+                rows += self._rows(request)
+            except Exception as error:  # this request's settings, not its neighbours'
+                request.fail(error)
+        if not rows:
+            return None
         device = next(self.model.parameters()).device
         longest = max(len(row.request.prompt_ids) for row in rows)
         input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
@@ -289,8 +318,23 @@ class TransformersEngine:
             rows, cache, attention, positions[:, -1:] + 1, output.logits[:, -1, :].float()
         )
 
-    def _join(self, running: _Batch | None, new: _Batch) -> _Batch:
+    def _rows(self, request: _Request) -> list[_Row]:
+        request.samples = [Sample() for _ in range(request.n)]
+        request.unfinished = request.n
+        rows = []
+        for index, sample in enumerate(request.samples):
+            generator = None
+            if request.params.seed is not None:
+                generator = torch.Generator().manual_seed(request.params.seed + index)
+            grammar = request.params.grammar
+            matcher = grammar.matcher() if grammar is not None else None
+            rows.append(_Row(request, index, sample, generator, matcher))
+        return rows
+
+    def _join(self, running: _Batch | None, new: _Batch | None) -> _Batch | None:
         """One batch of both: the shorter cache is left-padded (masked) to the longer."""
+        if new is None:
+            return running
         if running is None or not running.rows:
             return new
         length = max(running.attention.shape[1], new.attention.shape[1])
@@ -314,6 +358,9 @@ class TransformersEngine:
 
     def _step(self, batch: _Batch) -> _Batch:
         """Sample one token for every row, retire finished rows, and run the model once."""
+        batch = self._keep(batch, [i for i, row in enumerate(batch.rows) if not row.request.ended])
+        if not batch.rows:
+            return batch
         logits = batch.logits
         constrained = [i for i, row in enumerate(batch.rows) if row.matcher is not None]
         tokens = self._sample(self._constrain(logits, batch.rows, constrained), batch.rows)
@@ -322,32 +369,17 @@ class TransformersEngine:
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
         token_list = tokens.tolist()
-        for i in constrained:
-            matcher = batch.rows[i].matcher
-            if not matcher.consume_token(token_list[i]):  # it allowed this token: a bug
-                raise RuntimeError(f"the grammar rejected its own token: {matcher.get_error()}")
         for i, row in enumerate(batch.rows):
-            self._append(row, token_list[i], chosen[i], logprobs[i])
-            if row.request.on_token is not None:
-                row.request.on_token(row.index, token_list[i])
-            if row.done:
-                row.request.unfinished -= 1
-                if row.request.unfinished == 0:
-                    row.request.future.set_result(row.request.samples)
-        keep = [i for i, row in enumerate(batch.rows) if not row.done]
-        if not keep:
-            return _Batch([], batch.cache, batch.attention[:0], batch.next_position[:0], logits[:0])
+            try:
+                self._advance(row, token_list[i], chosen[i], logprobs[i])
+            except Exception as error:  # this row's grammar or callback: it ends alone
+                row.request.fail(error)
+        keep = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
         if len(keep) < len(batch.rows):
-            index = torch.tensor(keep, device=tokens.device)
-            batch.cache.batch_select_indices(index)
-            batch = _Batch(
-                [batch.rows[i] for i in keep],
-                batch.cache,
-                batch.attention[index],
-                batch.next_position[index],
-                logits[index],
-            )
-            tokens = tokens[index]
+            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
+            batch = self._keep(batch, keep)
+        if not batch.rows:
+            return batch
         attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], dim=1)
         output = self.model(
             input_ids=tokens[:, None],
@@ -362,6 +394,33 @@ class TransformersEngine:
             attention,
             batch.next_position + 1,
             output.logits[:, -1, :].float(),
+        )
+
+    def _advance(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
+        """Give `row` its sampled token; answer its request once all its rows are done."""
+        if row.matcher is not None and not row.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar rejected its own token: {row.matcher.get_error()}")
+        self._append(row, token, logprob, logprobs)
+        if row.request.on_token is not None:
+            row.request.on_token(row.index, token)
+        if row.done:
+            row.request.unfinished -= 1
+            if row.request.unfinished == 0:
+                _settle(row.request.future, result=row.request.samples)
+
+    def _keep(self, batch: _Batch, keep: list[int]) -> _Batch:
+        """The batch of rows `keep` only (their cache, mask, positions and logits)."""
+        if len(keep) == len(batch.rows):
+            return batch
+        index = torch.tensor(keep, dtype=torch.long, device=batch.logits.device)
+        if keep:  # an emptied batch is dropped whole, cache included
+            batch.cache.batch_select_indices(index)
+        return _Batch(
+            [batch.rows[i] for i in keep],
+            batch.cache,
+            batch.attention[index],
+            batch.next_position[index],
+            batch.logits[index],
         )
 
     def _constrain(
@@ -422,6 +481,22 @@ class TransformersEngine:
             sample.finish_reason, row.done = "length", True
         if row.done:
             sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+
+
+def _settle(
+    future: concurrent.futures.Future[list[Sample]],
+    *,
+    result: list[Sample] | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Answer `future` unless it is already done; a caller may cancel at any moment."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled (its caller went away) or already failed: nobody is waiting
 
 
 def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:

@@ -33,6 +33,7 @@ from ...core import dev
 from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
+from ...core.validation import check_trainable
 from . import models
 from .chat_format import tool_template_for
 from .config_support import check_supported
@@ -241,14 +242,15 @@ class ModelService:
         """One training step; the new adapter is saved as the next checkpoint and served."""
         trained = self._models[f"{project}/{name}"]
         groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
+        train_config = TrainConfig.model_validate(config)
+        objective = dev.TrainConfig.model_validate(dev_config)
+        # Again here, for callers that reach the service without `model.train` (art serve).
+        check_trainable(groups, allow_without_logprobs=objective.allow_training_without_logprobs)
         base = trained.base
         with base.exclusive():
             base.model.set_adapter(trained.adapter)
             metrics: dict[str, float] = trained.trainer.step(
-                groups,
-                TrainConfig.model_validate(config),
-                dev.TrainConfig.model_validate(dev_config),
-                base.chat_template,
+                groups, train_config, objective, base.chat_template
             )
             step = trained.store.step() + 1
             replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
@@ -320,6 +322,9 @@ class ModelService:
     def base_names(self) -> list[str]:
         """The loaded base models, served under their own names."""
         return [base.name for base in self._bases.values()]
+
+    def longest_context(self) -> int:
+        return max((base.context_length for base in self._bases.values()), default=0)
 
     def model_names(self) -> list[str]:
         names = self.base_names()

@@ -54,6 +54,9 @@ class ScopedRouter:
         current().check(record["project"], record["name"], "model")
         return self.service.route(_service_name(record["project"], record["name"], step))
 
+    def longest_context(self) -> int:
+        return self.service.longest_context()
+
     def model_names(self) -> list[str]:
         principal = current()
         names = self._base_names()

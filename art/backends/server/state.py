@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ...core.errors import ArtValueError, ConfigError
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
-from ...core.validation import coerce_groups
+from ...core.validation import check_trainable, coerce_groups
 from ..local.openai_server import ApiError
 from ..local.service import ModelService
 from .access import current
@@ -154,6 +154,8 @@ class ArtServer:
         store = self.store(body.model_id)
         config, dev_config = (body.experimental_config or ExperimentalTrainingConfig()).to_configs()
         groups = coerce_groups(parse_groups(body.trajectory_groups), "trajectory_groups")
+        # Refused now, as a 400, rather than as a job that fails later.
+        check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
         with self._guard:
             self.refuse_if_training(body.model_id)
             sequences = sum(len(group.trajectories) for group in groups)

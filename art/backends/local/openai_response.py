@@ -1,0 +1,256 @@
+"""What the endpoint answers: chat completions, whole or as server-sent events.
+
+Each choice carries three fields beyond the OpenAI schema, which training reads:
+`prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
+and `token_logprobs` (their logprobs under the model's temperature-1 distribution).
+A stream whose client goes away cancels its generation, so the engine drops its rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .chat_format import parse_tool_calls
+from .engine import Sample, SamplingParams, TransformersEngine
+from .openai_request import ChatCompletionRequest
+
+logger = logging.getLogger("art.endpoint")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a `model` name is served: an engine, and the adapter to use (None: the base)."""
+
+    engine: TransformersEngine
+    tokenizer: Any
+    chat_template: str | None
+    adapter: str | None
+    context_length: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A request made ready for the engine: its prompt ids, sampling and tool policy."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    prefill: str  # assistant text forced before sampling (a required tool call)
+    forced_tool: str | None  # the tool whose call the prefill opens
+    tool_names: tuple[str, ...]  # the tools offered (none: no tool calls are parsed)
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tool_names)
+
+
+def _message(
+    body: ChatCompletionRequest, job: Job, sample: Sample, tokenizer: Any
+) -> tuple[dict[str, Any], str, Sample]:
+    """The assistant message of `sample`, its finish reason, and the sample as returned.
+
+    With `parallel_tool_calls=False` only the first call is kept, and the returned sample
+    ends where that call ends: the token ids (and logprobs) a trajectory trains on are
+    the ones of the message it records, never of a call that was dropped.
+    """
+    text = job.prefill + sample.text
+    if not job.parse_tools:
+        return {"role": "assistant", "content": text}, sample.finish_reason, sample
+    ends: list[int] = []
+    if job.forced_tool is not None:
+        calls, content = _forced_call(job.forced_tool, sample.text), None
+    else:
+        parsed = parse_tool_calls(text)
+        calls, content, ends = parsed.tool_calls, parsed.content, parsed.call_ends
+    if not calls or any(call["function"]["name"] not in job.tool_names for call in calls):
+        # malformed: as text
+        return {"role": "assistant", "content": text}, sample.finish_reason, sample
+    if not body.parallel_tool_calls and len(calls) > 1:
+        calls = calls[:1]
+        sample = _truncated(sample, tokenizer, ends[0] - len(job.prefill))
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls", sample
+
+
+def _truncated(sample: Sample, tokenizer: Any, end: int) -> Sample:
+    """`sample` cut after the fewest tokens whose text reaches character `end`."""
+    for count in range(1, len(sample.token_ids) + 1):
+        text = tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True)
+        if len(text) >= end:
+            break
+    else:
+        return sample
+    return Sample(
+        token_ids=sample.token_ids[:count],
+        logprobs=sample.logprobs[:count],
+        top_logprobs=sample.top_logprobs[:count],
+        finish_reason=sample.finish_reason,
+        text=tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True),
+    )
+
+
+def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
+    """The call whose arguments the model wrote after a forced `"arguments": ` prefill.
+
+    The first complete JSON object is the arguments; whatever follows is ignored.
+    """
+    try:
+        arguments, _ = json.JSONDecoder().raw_decode(arguments_text.lstrip())
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(arguments, dict):
+        return []
+    call = {"name": name, "arguments": arguments}
+    return parse_tool_calls(f"<tool_call>{json.dumps(call)}</tool_call>").tool_calls
+
+
+def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        token = route.tokenizer.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    content = []
+    for i, (token_id, logprob) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
+        item = entry(token_id, logprob)
+        alternatives = sample.top_logprobs[i] if sample.top_logprobs else []
+        item["top_logprobs"] = [entry(t, lp) for t, lp in alternatives]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def _choice(
+    body: ChatCompletionRequest, route: Route, job: Job, index: int, sample: Sample
+) -> dict[str, Any]:
+    message, finish_reason, sample = _message(body, job, sample, route.tokenizer)
+    return {
+        "index": index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": _logprobs(route, sample) if body.logprobs else None,
+        "prompt_token_ids": job.prompt_ids,
+        "token_ids": sample.token_ids,
+        "token_logprobs": sample.logprobs,
+    }
+
+
+def _usage(job: Job, samples: list[Sample]) -> dict[str, int]:
+    completion = sum(len(sample.token_ids) for sample in samples)
+    prompt = len(job.prompt_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def completion(
+    body: ChatCompletionRequest, route: Route, job: Job, samples: list[Sample]
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model,
+        "choices": [_choice(body, route, job, i, sample) for i, sample in enumerate(samples)],
+        "usage": _usage(job, samples),
+    }
+
+
+async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIterator[str]:
+    """Server-sent events: text deltas as tokens are sampled, then the finished choices.
+
+    Text with tools or stop strings is sent whole at the end, once it is known whether it
+    holds a tool call or a stop string.
+    """
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+    incremental = not job.parse_tools and not job.params.stop and not job.prefill
+    completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        data: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": body.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n"
+
+    def on_token(index: int, token_id: int) -> None:
+        loop.call_soon_threadsafe(tokens.put_nowait, (index, token_id))
+
+    generation = asyncio.ensure_future(
+        route.engine.generate(
+            job.prompt_ids,
+            job.params,
+            n=body.n,
+            adapter=route.adapter,
+            on_token=on_token if incremental else None,
+        )
+    )
+    getter: asyncio.Future[tuple[int, int]] | None = None
+    try:
+        for index in range(body.n):
+            yield chunk(
+                [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        sent = [""] * body.n
+        ids: list[list[int]] = [[] for _ in range(body.n)]
+        while incremental and not (generation.done() and tokens.empty()):
+            getter = asyncio.ensure_future(tokens.get())
+            await asyncio.wait({getter, generation}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            index, token_id = getter.result()
+            ids[index].append(token_id)
+            text = route.tokenizer.decode(ids[index], skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue  # half of a multi-byte character: wait for the rest
+            delta, sent[index] = text[len(sent[index]) :], text
+            if delta:
+                yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
+        try:
+            samples = await generation
+        except Exception as error:  # headers are sent: the failure goes in the stream
+            logger.warning("stream %s failed: %s: %s", completion_id, type(error).__name__, error)
+            failure = {"message": f"generation failed: {error}", "type": "server_error"}
+            yield f"data: {json.dumps({'error': failure})}\n\n"
+            return
+        for index, sample in enumerate(samples):
+            message, finish_reason, sample = _message(body, job, sample, route.tokenizer)
+            final_delta: dict[str, Any] = {}
+            content = message.get("content") or ""
+            if content[len(sent[index]) :]:
+                final_delta["content"] = content[len(sent[index]) :]
+            if message.get("tool_calls"):
+                final_delta["tool_calls"] = [
+                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                ]
+            final = _choice(body, route, job, index, sample)
+            final.pop("message")
+            yield chunk([{**final, "delta": final_delta, "finish_reason": finish_reason}])
+        if body.stream_options and body.stream_options.get("include_usage"):
+            yield chunk([], usage=_usage(job, samples))
+        yield "data: [DONE]\n\n"
+    finally:  # the client may have gone: stop decoding for it
+        generation.cancel()
+        if getter is not None:
+            getter.cancel()
+
+
+__all__ = ["Job", "Route", "completion", "stream"]
