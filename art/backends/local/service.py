@@ -143,7 +143,9 @@ class ModelService:
         )
         adapter = _adapter_name(record["name"], len(self._models))
         with base.exclusive():
-            base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
+            base.model = add_adapter(
+                base.model, adapter, config.peft_args, start_from, seed=config.trainer_args.seed
+            )
             base.model.set_adapter(adapter)
             trainer = PeftTrainer(
                 base.model,
