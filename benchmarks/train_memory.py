@@ -15,9 +15,12 @@ trainer without bounded memory is recorded as "killed" instead of taking the mac
     python benchmarks/train_memory.py                     # 8x2048, 8x4096, 32x2048, 32x4096
     python benchmarks/train_memory.py --settings 8x2048   # one setting
 
-TRL's `GRPOTrainer` samples its own completions, so it cannot be handed these sequences
-as they are; `--trl` measures its peak RSS on a step whose completions are forced to the
-same lengths (see benchmarks/README.md), in a separate environment that has TRL.
+`--peer trl` runs TRL's `GRPOTrainer` instead, in a child process of its own, on the same
+sequences: its `rollout_func` hands it each trajectory's last prompt (system, user, tool
+call, tool answer) and sampled answer as token ids, so it trains the same tokens (all
+but the tool call) with the same LoRA, dtype, loss (CISPO) and rewards, one optimizer
+step, one sequence per forward/backward, gradient checkpointing on (TRL's default and
+its way to fit long sequences). TRL comes from the `bench` extra.
 """
 
 from __future__ import annotations
@@ -205,6 +208,99 @@ async def one_setting(
     return result
 
 
+def trl_child(trajectories: int, completion_tokens: int) -> None:
+    """One TRL GRPO step on the same sequences (run as this script's child)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from art.backends.local.trainer import lora_config
+    from art.core.dev import PeftArgs
+
+    tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
+    answers = []
+    for index in range(trajectories):
+        last = agent_trajectory(tokenizer, index, completion_tokens).messages_and_choices[-1]
+        extra = last.model_extra or {}  # type: ignore[union-attr]
+        answers.append((extra["prompt_token_ids"], extra["token_ids"], extra["token_logprobs"]))
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        # Each prompt names its group; a group's 4 trajectories are its 4 generations.
+        picked = [answers[int(p.split()[-1]) * 4 + k] for p in prompts for k in range(4)]
+        return {
+            "prompt_ids": [a[0] for a in picked],
+            "completion_ids": [a[1] for a in picked],
+            "logprobs": [a[2] for a in picked],
+        }
+
+    def reward(completions: list[Any], **_: Any) -> list[float]:
+        return [float(k % 4) / 3 for k in range(len(completions))]
+
+    hf_model, _ = models.load(models.resolve(models.DEFAULT_MODEL))
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-train-memory-"),
+        use_cpu=True,
+        bf16=next(hf_model.parameters()).dtype == torch_bf16(),
+        num_generations=4,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=trajectories,
+        max_steps=1,
+        max_completion_length=completion_tokens,
+        learning_rate=1e-5,
+        beta=0.0,
+        loss_type="cispo",
+        epsilon_high=1.2,
+        gradient_checkpointing=True,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=hf_model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list(
+            [{"prompt": f"group {g}"} for g in range(trajectories // 4)]
+        ),
+        processing_class=tokenizer,
+        peft_config=lora_config(PeftArgs()),
+        rollout_func=rollout,
+    )
+    trainer.train()
+
+
+def torch_bf16() -> Any:
+    import torch
+
+    return torch.bfloat16
+
+
+def trl_setting(
+    trajectories: int, completion_tokens: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--trl-child", f"{trajectories}x{completion_tokens}"],
+        env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+    )
+    watchdog = Watchdog(child.pid, args.kill_above_gb)
+    peak = 0.0
+    while child.poll() is None:
+        peak = max(peak, status_gb(child.pid, "VmHWM"))
+        time.sleep(0.2)
+    watchdog.stop()
+    result: dict[str, Any] = {"seconds": time.monotonic() - started, "peak_rss_gb": peak}
+    if watchdog.killed_at_gb:
+        result["error"] = f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
+    elif child.returncode:
+        result["error"] = f"exit code {child.returncode}"
+    return result
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="8x2048,8x4096,32x2048,32x4096")
@@ -215,7 +311,13 @@ async def main() -> None:
         default=None,
         help="art.dev.TrainerArgs(memory_budget_gb=...) for the service; default: none set",
     )
+    parser.add_argument("--peer", choices=["ours", "trl"], default="ours")
+    parser.add_argument("--trl-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.trl_child:
+        n, t = (int(part) for part in args.trl_child.split("x"))
+        trl_child(n, t)
+        return
     args.config = None
     if args.memory_budget_gb is not None:
         args.config = art.dev.InternalModelConfig(
@@ -231,7 +333,10 @@ async def main() -> None:
     )
     for setting in args.settings.split(","):
         n, t = (int(part) for part in setting.split("x"))
-        result = await one_setting(tokenizer, n, t, args)
+        if args.peer == "trl":
+            result = trl_setting(n, t, args)  # its seconds include loading, its own process
+        else:
+            result = await one_setting(tokenizer, n, t, args)
         shown = ", ".join(
             f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}"
             for key, value in result.items()
