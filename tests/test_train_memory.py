@@ -178,7 +178,9 @@ def test_chunked_head_matches_the_full_logits_and_their_gradient(
 
     torch.testing.assert_close(chunked, expected, rtol=1e-4, atol=1e-4)
     for grad, want in zip((p.grad for p in lora), expected_grads, strict=True):
-        torch.testing.assert_close(grad, want, rtol=1e-3, atol=1e-6)
+        assert grad is not None
+        # The same sums in another order: equal up to float32 rounding, as a whole.
+        assert float((grad - want).norm() / want.norm()) < 1e-3
     assert (entropy > 0).all()
     assert not entropy.requires_grad
 
@@ -300,10 +302,10 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
         f"\n8 x 2048-token agent trajectories: {row['train/tokens_trained']:.0f} tokens, "
         f"peak memory of the model service {peak:.2f} GiB (estimated "
         f"{row['train/estimated_memory_gb']:.2f}), {row['train/micro_batches']:.0f} "
-        f"micro-batches, gradient checkpointing {row['train/gradient_checkpointing']:.0f}, "
+        f"micro-batches ({row['train/checkpointed_micro_batches']:.0f} checkpointed), "
         f"{row['train/train_seconds']:.0f} s; this process's peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
     )
     assert row["train/tokens_trained"] > 8 * 2048
-    assert row["train/gradient_checkpointing"] == 1
+    assert row["train/checkpointed_micro_batches"] == 8  # each sequence over 1024 tokens
     assert 0 < peak < 3.0

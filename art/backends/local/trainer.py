@@ -44,9 +44,9 @@ from .tokenize import TrainingSequence, tokenize_trajectory, truncate
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-# Sequences longer than this train with gradient checkpointing unless TrainerArgs says
-# otherwise: their activations, not the weights, would then dominate a step's memory
-# (about 1 GB for 1024 tokens of the 135M default model without checkpointing).
+# Micro-batches of more tokens than this train with gradient checkpointing unless
+# TrainerArgs says otherwise: their activations, not the weights, would then dominate a
+# step's memory (about 1 GB for 1024 tokens of the 135M default model without it).
 CHECKPOINT_ABOVE_TOKENS = 1024
 
 
@@ -116,11 +116,18 @@ def add_adapter(
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """How a step runs: its micro-batches (indices into the step's sequences) and memory."""
+class _Batch:
+    """A planned micro-batch: indices into the step's sequences, and whether to checkpoint."""
 
-    batches: list[list[int]]
+    indices: list[int]
     checkpointed: bool
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a step runs, planned before it does: its micro-batches and its memory."""
+
+    batches: list[_Batch]
     estimated_bytes: int  # the process's estimated peak
 
 
@@ -199,14 +206,16 @@ class PeftTrainer:
         peak = PeakMemory(self.device)
         peak.start()
         self.model.set_adapter(self.adapter)  # inference may have switched to another
-        self._train_mode(plan.checkpointed)
+        self._train_mode()
         progress = tqdm(
             total=len(plan.batches), desc=f"train {self.adapter}", unit="micro-batch", disable=None
         )
         try:
             with self._own_rng():
-                for indices in plan.batches:
-                    batch = MicroBatch.of([sequences[i] for i in indices], advantages, self.device)
+                for planned in plan.batches:
+                    self._checkpoint(planned.checkpointed)
+                    chosen = [sequences[i] for i in planned.indices]
+                    batch = MicroBatch.of(chosen, advantages, self.device)
                     ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
                     flat, entropy = self._logprobs(batch)
                     result = grpo_loss(
@@ -255,7 +264,7 @@ class PeftTrainer:
                 "peak_memory_gb": peak.peak_gib(),
                 "estimated_memory_gb": plan.estimated_bytes / GIB,
                 "micro_batches": float(len(plan.batches)),
-                "gradient_checkpointing": float(plan.checkpointed),
+                "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
             }
         )
 
@@ -318,29 +327,30 @@ class PeftTrainer:
     def _plan(self, sequences: Sequence[TrainingSequence], dev_config: dev.TrainConfig) -> _Plan:
         """Micro-batches and checkpointing that fit the memory budget, or a `TrainingError`."""
         budget = memory_budget(self.device, self.trainer_args.memory_budget_gb)
-        longest = max(sequences, key=lambda s: len(s.token_ids))
-        length = len(longest.token_ids)
         forced = self.trainer_args.gradient_checkpointing
-        if forced is None:
-            fits_plain = length <= self._memory.capacity(budget.available, checkpointed=False)
-            checkpointed = length > CHECKPOINT_ABOVE_TOKENS or not fits_plain
-        else:
-            checkpointed = forced
-        capacity = self._memory.capacity(budget.available, checkpointed)
-        if length > capacity:
-            raise TrainingError(self._too_long(longest, budget, checkpointed))
+        plain = self._memory.capacity(budget.available, checkpointed=False)
+        capacity = plain if forced is False else self._memory.capacity(budget.available, True)
+        longest = max(sequences, key=lambda s: len(s.token_ids))
+        if len(longest.token_ids) > capacity:
+            raise TrainingError(self._too_long(longest, budget, checkpointed=forced is not False))
         lengths = [len(sequence.token_ids) for sequence in sequences]
-        batches = pack(
+        bins = pack(
             lengths,
             min(capacity, PACKED_ROW_TOKENS),
             dev_config.gradient_accumulation_sequences,
         )
-        largest = max(sum(lengths[i] for i in batch) for batch in batches)
-        return _Plan(
-            batches=batches,
-            checkpointed=checkpointed,
-            estimated_bytes=budget.in_use + self._memory.step_bytes(largest, checkpointed),
-        )
+        batches: list[_Batch] = []
+        estimated = 0
+        for indices in bins:
+            tokens = sum(lengths[i] for i in indices)
+            # Each micro-batch on its own: a long one is checkpointed, a short one of the
+            # same step keeps its activations and saves the recompute.
+            checkpointed = (
+                forced if forced is not None else tokens > min(plain, CHECKPOINT_ABOVE_TOKENS)
+            )
+            batches.append(_Batch(indices, checkpointed))
+            estimated = max(estimated, self._memory.step_bytes(tokens, checkpointed))
+        return _Plan(batches=batches, estimated_bytes=budget.in_use + estimated)
 
     def _too_long(self, sequence: TrainingSequence, budget: Budget, checkpointed: bool) -> str:
         length = len(sequence.token_ids)
@@ -387,23 +397,31 @@ class PeftTrainer:
             torch.manual_seed(self.trainer_args.seed + self.steps)
             yield
 
-    def _train_mode(self, checkpointed: bool) -> None:
+    def _train_mode(self) -> None:
         self.model.train()
         # Only LoRA's own dropout should act: a base model's dropout (GPT-2 has 0.1) would
         # make the trainer's logprobs disagree with the sampler's and skew the ratio.
         for name, module in self.model.named_modules():
             if isinstance(module, torch.nn.Dropout) and "lora_dropout" not in name:
                 module.eval()
-        if checkpointed:
+
+    def _checkpoint(self, on: bool) -> None:
+        """Turn gradient (activation) checkpointing of the decoder layers on or off."""
+        if on and not self._causal_lm.is_activation_checkpointing:
             self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+        elif not on:
+            self._stop_checkpointing()
 
     def _eval_mode(self) -> None:
+        self._stop_checkpointing()
+        self.model.eval()
+
+    def _stop_checkpointing(self) -> None:
         if self._causal_lm.is_activation_checkpointing:
             self._causal_lm.activation_checkpointing_disable()  # type: ignore[no-untyped-call]
             # Enabling hooked the input embeddings to require grad, which disabling does not
             # undo for a PEFT-wrapped model; inference needs no grad.
             self._causal_lm.disable_input_require_grads()  # type: ignore[no-untyped-call]
-        self.model.eval()
 
 
 @contextlib.contextmanager
