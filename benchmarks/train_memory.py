@@ -225,8 +225,13 @@ def trl_child(trajectories: int, completion_tokens: int) -> None:
         answers.append((extra["prompt_token_ids"], extra["token_ids"], extra["token_logprobs"]))
 
     def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        # Each prompt names its group; a group's 4 trajectories are its 4 generations.
-        picked = [answers[int(p.split()[-1]) * 4 + k] for p in prompts for k in range(4)]
+        # TRL repeats each prompt once per generation; a prompt names its group, and the
+        # group's k-th copy gets the group's k-th trajectory.
+        seen: dict[str, int] = {}
+        picked = []
+        for prompt in prompts:
+            k = seen[prompt] = seen.get(prompt, -1) + 1
+            picked.append(answers[int(prompt.split()[-1]) * 4 + k])
         return {
             "prompt_ids": [a[0] for a in picked],
             "completion_ids": [a[1] for a in picked],

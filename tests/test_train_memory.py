@@ -210,19 +210,20 @@ def test_packed_sequences_do_not_see_each_other(default_model: tuple[Any, Any]) 
     assert packed.tokens == sum(len(s.token_ids) for s in sequences)  # no padding
 
 
+@pytest.mark.timeout(1800)  # two steps; slow only on a shared machine
 def test_a_tight_budget_splits_the_step_and_trains_the_same(
     default_model: tuple[Any, Any],
 ) -> None:
     _, tokenizer = default_model
-    groups = agent_groups(tokenizer, 4, 200)
+    groups = agent_groups(tokenizer, 4, 60)
     config = art.TrainConfig(learning_rate=1e-4)
     roomy = fresh_trainer(default_model).step(groups, config, art.dev.TrainConfig())
 
     trainer = fresh_trainer(default_model)
     memory = StepMemory.of(trainer._causal_lm, trainer.parameters)
     rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
-    # Room for one ~350-token sequence without checkpointing, not for two.
-    budget = (rss + memory.step_bytes(500, checkpointed=False)) / GIB
+    # Room for one 260-token sequence without checkpointing, not for two.
+    budget = (rss + memory.step_bytes(400, checkpointed=False)) / GIB
     tight = PeftTrainer(
         trainer.model,
         tokenizer,
@@ -246,7 +247,7 @@ def test_a_sequence_that_cannot_fit_fails_before_training(
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
 
     with pytest.raises(TrainingError) as raised:
-        trainer.step(agent_groups(tokenizer, 4, 100), art.TrainConfig(), art.dev.TrainConfig())
+        trainer.step(agent_groups(tokenizer, 4, 20), art.TrainConfig(), art.dev.TrainConfig())
 
     message = str(raised.value)
     assert "tokens" in message
@@ -259,6 +260,7 @@ def test_a_sequence_that_cannot_fit_fails_before_training(
     assert not trainer.model.training
 
 
+@pytest.mark.timeout(3600)  # ~8 minutes of one idle core; far more on a shared machine
 async def test_long_agent_trajectories_train_in_bounded_memory(
     tmp_path: Path, default_model: tuple[Any, Any]
 ) -> None:
