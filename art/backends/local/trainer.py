@@ -1,10 +1,12 @@
 """`PeftTrainer`: GRPO on a LoRA adapter with PEFT and a plain PyTorch loop.
 
 A recipe read top to bottom: `__init__` sets up the optimizer over the adapter's
-parameters; `step` turns trajectory groups into advantages and token sequences, runs
-forward/backward over micro-batches, clips the gradient and takes one optimizer step;
-`save` writes the adapter and the optimizer state. The maths lives in `advantages.py`
-and `loss.py`, tokenization in `tokenize.py`.
+parameters; `step` turns trajectory groups into advantages and token sequences, plans
+micro-batches that fit the memory budget (or fails before anything runs), runs
+forward/backward over them, clips the gradient and takes one optimizer step; `save`
+writes the adapter and the optimizer state. The maths lives in `advantages.py` and
+`loss.py`, tokenization in `tokenize.py`, packing in `batching.py`, the chunked LM head
+in `logprobs.py`, memory estimates and measurement in `memory.py`.
 """
 
 from __future__ import annotations
