@@ -83,8 +83,8 @@ def groups_with(
 
 def fresh_trainer(default_model: tuple[Any, Any], adapter_dir: Path | None = None) -> PeftTrainer:
     base, tokenizer = default_model
-    torch.manual_seed(0)  # the same LoRA A initialisation in every test
-    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, adapter_dir)
+    # The same LoRA A initialisation in every test.
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, adapter_dir, seed=0)
     return PeftTrainer(
         model, tokenizer, init_args=art.dev.InitArgs(), trainer_args=art.dev.TrainerArgs()
     )
@@ -133,12 +133,13 @@ def test_micro_batches_sum_to_one_token_level_mean(
     default_model: tuple[Any, Any], sampled: list[list[tuple[list[Any], Choice]]]
 ) -> None:
     groups = groups_with(sampled, REWARDS)
-    whole = fresh_trainer(default_model).step(
-        groups, CONFIG, art.dev.TrainConfig(gradient_accumulation_sequences=8)
-    )
+    # None adapts: the 8 short sequences fit one micro-batch's token budget.
+    whole = fresh_trainer(default_model).step(groups, CONFIG, art.dev.TrainConfig())
     split = fresh_trainer(default_model).step(
         groups, CONFIG, art.dev.TrainConfig(gradient_accumulation_sequences=3)
     )
+    assert whole["micro_batches"] == 1
+    assert split["micro_batches"] == 3
     # grad_norm is measured before clipping: the same gradient, however it was accumulated.
     for name in ("loss", "grad_norm", "entropy", "mean_ratio", "tokens_trained"):
         assert split[name] == pytest.approx(whole[name], rel=1e-4), name
@@ -233,3 +234,65 @@ def test_adapters_sharing_a_base_train_and_save_apart(
     }
     assert all(torch.equal(loaded[name], after[name]) for name in loaded)
     assert len(loaded) == len(after) // 2
+
+
+def completion_logprobs(
+    trainer: PeftTrainer, sampled: list[list[tuple[list[Any], Choice]]]
+) -> list[list[float]]:
+    """The policy's total logprob of each sampled completion, given its prompt."""
+    totals: list[list[float]] = []
+    with torch.no_grad():
+        for group in sampled:
+            totals.append([])
+            for _, choice in group:
+                extra = choice.model_extra or {}
+                prompt, tokens = extra["prompt_token_ids"], extra["token_ids"]
+                ids = torch.tensor([prompt + tokens])
+                logits = trainer.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+                picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])
+                totals[-1].append(float(picked.sum()))
+    return totals
+
+
+def test_training_raises_the_rewarded_completion_and_lowers_the_others(
+    default_model: tuple[Any, Any], sampled: list[list[tuple[list[Any], Choice]]]
+) -> None:
+    trainer = fresh_trainer(default_model)
+    rewards = ([1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0])
+    before = completion_logprobs(trainer, sampled)
+
+    for _ in range(3):
+        trainer.step(groups_with(sampled, rewards), CONFIG, art.dev.TrainConfig())
+
+    after = completion_logprobs(trainer, sampled)
+    for group_rewards, old, new in zip(rewards, before, after, strict=True):
+        for reward, old_value, new_value in zip(group_rewards, old, new, strict=True):
+            if reward > 0:
+                assert new_value > old_value + 0.1, (old_value, new_value)
+            else:
+                assert new_value < old_value, (old_value, new_value)
+
+
+def test_the_seed_fixes_the_adapter_init_and_leaves_the_global_rng_alone(
+    default_model: tuple[Any, Any], sampled: list[list[tuple[list[Any], Choice]]]
+) -> None:
+    base, tokenizer = default_model
+    state = torch.get_rng_state()
+
+    def lora_a(seed: int) -> torch.Tensor:
+        model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=seed)
+        return next(p for n, p in model.named_parameters() if "lora_A" in n).detach().clone()
+
+    assert torch.equal(lora_a(1), lora_a(1))
+    assert not torch.equal(lora_a(1), lora_a(2))
+    assert torch.equal(torch.get_rng_state(), state)
+
+    # Nor does a trainer, in its set-up or its steps (LoRA dropout draws from its own RNG).
+    model = create_peft_model(
+        copy.deepcopy(base), art.dev.PeftArgs(r=4, lora_alpha=8, lora_dropout=0.1), seed=3
+    )
+    trainer = PeftTrainer(
+        model, tokenizer, init_args=art.dev.InitArgs(), trainer_args=art.dev.TrainerArgs(seed=3)
+    )
+    trainer.step(groups_with(sampled, REWARDS), CONFIG, art.dev.TrainConfig())
+    assert torch.equal(torch.get_rng_state(), state)

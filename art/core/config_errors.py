@@ -40,7 +40,7 @@ ART_KEYS: dict[tuple[str, str], str] = {
     (
         "InitArgs",
         "use_gradient_checkpointing",
-    ): "gradient checkpointing is not configurable here; remove it",
+    ): "gradient checkpointing is TrainerArgs(gradient_checkpointing=True/False; None decides per micro-batch)",
     (
         "InitArgs",
         "random_state",

@@ -55,8 +55,9 @@ class TrainConfig(_Config):
     gradient_accumulation_sequences: int | None = Field(
         default=None,
         ge=1,
-        description="Sequences per forward/backward pass; None picks from the backend's "
-        "memory settings. The optimizer still takes one step per `model.train` call.",
+        description="Most sequences packed into one forward/backward pass; None: as many "
+        "as the token budget of a micro-batch holds (set by the memory budget). The "
+        "optimizer still takes one step per `model.train` call.",
     )
 
 
@@ -101,7 +102,22 @@ class TrainerArgs(_Config):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
     adam_beta2: float = Field(default=0.99, ge=0, lt=1)
-    seed: int = Field(default=0, description="Seed of the trainer's RNG.")
+    seed: int = Field(
+        default=0,
+        description="Seeds the adapter's initialisation and the trainer's own RNG (LoRA "
+        "dropout); the global RNG that sampling uses is left alone.",
+    )
+    gradient_checkpointing: bool | None = Field(
+        default=None,
+        description="Recompute activations in backward instead of keeping them; None: on "
+        "when a sequence is over 1024 tokens or the memory budget needs it.",
+    )
+    memory_budget_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most memory (GiB) a training step may bring the model service to (RSS "
+        "on CPU, allocated memory on CUDA); None: what the machine has free at the step.",
+    )
 
 
 class InternalModelConfig(_Config):

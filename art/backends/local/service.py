@@ -166,7 +166,9 @@ class ModelService:
         )
         adapter = _adapter_name(record["name"], next(self._adapter_ids))
         with base.exclusive():
-            base.model = add_adapter(base.model, adapter, config.peft_args, start_from)
+            base.model = add_adapter(
+                base.model, adapter, config.peft_args, start_from, seed=config.trainer_args.seed
+            )
             base.model.set_adapter(adapter)
             trainer = PeftTrainer(
                 base.model,

@@ -1,47 +1,66 @@
 """`PeftTrainer`: GRPO on a LoRA adapter with PEFT and a plain PyTorch loop.
 
 A recipe read top to bottom: `__init__` sets up the optimizer over the adapter's
-parameters; `step` turns trajectory groups into advantages and token sequences, runs
-forward/backward over micro-batches, clips the gradient and takes one optimizer step;
-`save` writes the adapter and the optimizer state. The maths lives in `advantages.py`
-and `loss.py`, tokenization in `tokenize.py`.
+parameters; `step` turns trajectory groups into advantages and token sequences, plans
+micro-batches that fit the memory budget (or fails before anything runs), runs
+forward/backward over them, clips the gradient and takes one optimizer step; `save`
+writes the adapter and the optimizer state. The maths lives in `advantages.py` and
+`loss.py`, tokenization in `tokenize.py`, packing in `batching.py`, the chunked LM head
+in `logprobs.py`, memory estimates and measurement in `memory.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from ...core import dev
 from ...core.errors import ConfigError, TrainingError
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from .advantages import group_advantages
+from .batching import PACKED_ROW_TOKENS, MicroBatch, pack
+from .logprobs import output_head, sampled_logprobs
 from .loss import LossConfig, grpo_loss
+from .memory import (
+    GIB,
+    Budget,
+    PeakMemory,
+    StepMemory,
+    logits_chunk_rows,
+    return_large_frees_to_the_os,
+)
+from .memory import budget as memory_budget
 from .tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-DEFAULT_MICRO_BATCH_SEQUENCES = 8
-# Rows (batch x positions) of logits turned into log-probabilities at once: bounds the
-# float32 temporaries of a large vocabulary (49k x 512 x 4 bytes ~ 100 MB).
-_LOGPROB_CHUNK_ROWS = 512
+# Micro-batches of more tokens than this train with gradient checkpointing unless
+# TrainerArgs says otherwise: their activations, not the weights, would then dominate a
+# step's memory (about 1 GB for 1024 tokens of the 135M default model without it).
+CHECKPOINT_ABOVE_TOKENS = 1024
 
 
 def create_peft_model(
-    base_model: PreTrainedModel, peft_args: dev.PeftArgs, adapter_dir: Path | None = None
+    base_model: PreTrainedModel,
+    peft_args: dev.PeftArgs,
+    adapter_dir: Path | None = None,
+    *,
+    seed: int | None = None,
 ) -> PeftModel:
     """Wrap `base_model` (in place) with a fresh LoRA adapter, or the one in `adapter_dir`."""
-    return add_adapter(base_model, "default", peft_args, adapter_dir)
+    return add_adapter(base_model, "default", peft_args, adapter_dir, seed=seed)
 
 
 def lora_config(peft_args: dev.PeftArgs) -> LoraConfig:
@@ -60,12 +79,16 @@ def add_adapter(
     name: str,
     peft_args: dev.PeftArgs,
     adapter_dir: Path | None = None,
+    *,
+    seed: int | None = None,
 ) -> PeftModel:
     """Add the LoRA adapter `name` to `model`: fresh, or loaded trainable from `adapter_dir`.
 
     A base model is wrapped in place into a `PeftModel`; a `PeftModel` gains one more
     adapter (several models trained on one base share its weights). The active adapter
-    is left as it was: a `PeftTrainer` activates its own.
+    is left as it was: a `PeftTrainer` activates its own. A fresh adapter's random
+    initialisation is drawn from `seed` (`TrainerArgs.seed`) in a forked RNG, so it is
+    reproducible and the global RNG is left as it was; None draws from the global RNG.
     """
     if adapter_dir is not None and not (adapter_dir / "adapter_config.json").is_file():
         raise ConfigError(
@@ -74,7 +97,8 @@ def add_adapter(
             "Point it at a checkpoint directory written by `PeftTrainer.save`",
         )
     config = lora_config(peft_args)
-    with warnings.catch_warnings():
+    seeded = contextlib.nullcontext() if seed is None else _seeded(seed)
+    with warnings.catch_warnings(), seeded:
         # peft reads a transformers property that transformers itself marks deprecated.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         if isinstance(model, PeftModel):
@@ -94,13 +118,19 @@ def add_adapter(
 
 
 @dataclass(frozen=True)
-class _MicroBatch:
-    input_ids: torch.Tensor  # [batch, length], right-padded
-    attention_mask: torch.Tensor  # [batch, length]
-    # The rest are aligned with the predicted tokens, input_ids[:, 1:]: [batch, length - 1].
-    mask: torch.Tensor  # 1.0 on trained tokens
-    old_logprobs: torch.Tensor  # the sampler's, NaN where unknown
-    advantages: torch.Tensor
+class _Batch:
+    """A planned micro-batch: indices into the step's sequences, and whether to checkpoint."""
+
+    indices: list[int]
+    checkpointed: bool
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a step runs, planned before it does: its micro-batches and its memory."""
+
+    batches: list[_Batch]
+    estimated_bytes: int  # the process's estimated peak
 
 
 class PeftTrainer:
@@ -114,10 +144,11 @@ class PeftTrainer:
         init_args: dev.InitArgs,
         trainer_args: dev.TrainerArgs,
     ) -> None:
-        torch.manual_seed(trainer_args.seed)
         self.model = model
         self.tokenizer = tokenizer
         self.init_args = init_args
+        self.trainer_args = trainer_args
+        self.steps = 0  # steps taken by this trainer: with the seed, its RNG stream
         # The adapter active now is the one this trainer trains; activating it makes its
         # parameters, and no other adapter's, require grad.
         self.adapter = model.active_adapter
@@ -125,6 +156,17 @@ class PeftTrainer:
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         if not self.parameters:
             raise TrainingError(f"adapter {self.adapter!r} has no trainable parameters")
+        self.device = self.parameters[0].device
+        if self.device.type == "cpu":
+            return_large_frees_to_the_os()
+        # The decoder and LM head are called apart, so the head can run in chunks on the
+        # trained positions only; LoRA layers sit inside them, so the adapter still acts.
+        causal_lm = cast("PreTrainedModel", model.get_base_model())
+        self._causal_lm = causal_lm
+        self._decoder = causal_lm.get_decoder()  # type: ignore[no-untyped-call]
+        self._head = output_head(causal_lm)
+        self._memory = StepMemory.of(causal_lm, self.parameters)
+        self._chunk_rows = logits_chunk_rows(self._memory.vocab)
         # The learning rate is set from `TrainConfig` on every step.
         self.optimizer = torch.optim.AdamW(
             self.parameters,
@@ -140,7 +182,11 @@ class PeftTrainer:
         dev_config: dev.TrainConfig,
         chat_template: str | None = None,
     ) -> dict[str, float]:
-        """Train on `groups` with one optimizer step; return the step's metrics."""
+        """Train on `groups` with one optimizer step; return the step's metrics.
+
+        The step is planned before anything runs: a sequence that cannot fit the memory
+        budget even alone raises `TrainingError` with the adapter untouched.
+        """
         sequences, advantages = self._sequences(groups, dev_config, chat_template)
         sequences, truncated = truncate(sequences, self.init_args.max_seq_length)
         # Position 0 predicts nothing, so only tokens 1.. count.
@@ -158,35 +204,43 @@ class PeftTrainer:
         if tokens == 0:
             return metrics | sums | {"grad_norm": 0.0}
 
-        micro_batch = dev_config.gradient_accumulation_sequences or DEFAULT_MICRO_BATCH_SEQUENCES
+        plan = self._plan(sequences, dev_config)
+        peak = PeakMemory(self.device)
+        peak.start()
         self.model.set_adapter(self.adapter)  # inference may have switched to another
         self._train_mode()
+        progress = tqdm(
+            total=len(plan.batches), desc=f"train {self.adapter}", unit="micro-batch", disable=None
+        )
         try:
-            for batch in self._micro_batches(sequences, advantages, micro_batch):
-                ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
-                logits = self.model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-                ).logits
-                new_logprobs, entropy = _token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
-                result = grpo_loss(
-                    new_logprobs,
-                    batch.old_logprobs,
-                    batch.advantages,
-                    batch.mask,
-                    loss_config,
-                    ref_logprobs,
-                )
-                # Each micro-batch's mean weighted by its share of the tokens: the sum of
-                # the gradients is that of one token-level mean over the whole step.
-                share = float(batch.mask.sum()) / tokens
-                torch.autograd.backward(result.loss * share)
-                sums["loss"] += float(result.loss.detach()) * share
-                sums["policy_loss"] += float(result.policy_loss) * share
-                sums["clip_fraction"] += float(result.clip_fraction) * share
-                sums["mean_ratio"] += float(result.mean_ratio) * share
-                sums["entropy"] += float((entropy * batch.mask).sum()) / tokens
-                if result.kl is not None:
-                    sums["kl"] += float(result.kl) * share
+            with self._own_rng():
+                for planned in plan.batches:
+                    self._checkpoint(planned.checkpointed)
+                    chosen = [sequences[i] for i in planned.indices]
+                    batch = MicroBatch.of(chosen, advantages, self.device)
+                    ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
+                    flat, entropy = self._logprobs(batch)
+                    result = grpo_loss(
+                        batch.per_sequence(flat),
+                        batch.old_logprobs,
+                        batch.advantages,
+                        batch.mask,
+                        loss_config,
+                        ref_logprobs,
+                    )
+                    # Each micro-batch's mean weighted by its share of the tokens: the sum
+                    # of the gradients is that of one token-level mean over the whole step.
+                    share = float(batch.mask.sum()) / tokens
+                    torch.autograd.backward(result.loss * share)
+                    sums["loss"] += float(result.loss.detach()) * share
+                    sums["policy_loss"] += float(result.policy_loss) * share
+                    sums["clip_fraction"] += float(result.clip_fraction) * share
+                    sums["mean_ratio"] += float(result.mean_ratio) * share
+                    sums["entropy"] += float(entropy.sum()) / tokens
+                    if result.kl is not None:
+                        sums["kl"] += float(result.kl) * share
+                    progress.update()
+                    progress.set_postfix(peak_memory_gb=f"{peak.peak_gib():.2f}")
 
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.parameters, dev_config.max_grad_norm)
@@ -199,10 +253,22 @@ class PeftTrainer:
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = config.learning_rate
             self.optimizer.step()
+            self.steps += 1
         finally:
+            progress.close()
             self.optimizer.zero_grad(set_to_none=True)
-            self.model.eval()
-        return metrics | sums | {"grad_norm": grad_norm}
+            self._eval_mode()
+        return (
+            metrics
+            | sums
+            | {
+                "grad_norm": grad_norm,
+                "peak_memory_gb": peak.peak_gib(),
+                "estimated_memory_gb": plan.estimated_bytes / GIB,
+                "micro_batches": float(len(plan.batches)),
+                "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
+            }
+        )
 
     def save(self, directory: Path) -> None:
         """Write the adapter and `optimizer.pt` into `directory` (the caller makes it atomic).
@@ -260,49 +326,78 @@ class PeftTrainer:
                 )
         return sequences, advantages
 
-    def _micro_batches(
-        self,
-        sequences: Sequence[TrainingSequence],
-        advantages: dict[tuple[int, int], float],
-        size: int,
-    ) -> Iterator[_MicroBatch]:
-        # Longest first: similar lengths share a batch (less padding), and a batch too
-        # large for memory fails at once rather than at the end.
-        ordered = sorted(sequences, key=lambda s: len(s.token_ids), reverse=True)
-        pad = self.tokenizer.pad_token_id
-        pad_id = pad if isinstance(pad, int) else 0
-        device = next(iter(self.parameters)).device
-        for start in range(0, len(ordered), size):
-            chunk = ordered[start : start + size]
-            length = len(chunk[0].token_ids)
-            shape = (len(chunk), length)
-            input_ids = torch.full(shape, pad_id, dtype=torch.long)
-            attention_mask = torch.zeros(shape, dtype=torch.long)
-            trained = torch.zeros(shape)
-            old_logprobs = torch.full(shape, math.nan)
-            advantage = torch.zeros(shape)
-            for row, sequence in enumerate(chunk):
-                n = len(sequence.token_ids)
-                input_ids[row, :n] = torch.tensor(sequence.token_ids)
-                attention_mask[row, :n] = 1
-                trained[row, :n] = torch.tensor(sequence.trained, dtype=torch.float32)
-                old_logprobs[row, :n] = torch.tensor(sequence.sampler_logprobs)
-                advantage[row, :n] = advantages[sequence.group_index, sequence.trajectory_index]
-            yield _MicroBatch(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                mask=trained[:, 1:].to(device),
-                old_logprobs=old_logprobs[:, 1:].to(device),
-                advantages=advantage[:, 1:].to(device),
+    def _plan(self, sequences: Sequence[TrainingSequence], dev_config: dev.TrainConfig) -> _Plan:
+        """Micro-batches and checkpointing that fit the memory budget, or a `TrainingError`."""
+        budget = memory_budget(self.device, self.trainer_args.memory_budget_gb)
+        forced = self.trainer_args.gradient_checkpointing
+        plain = self._memory.capacity(budget.available, checkpointed=False)
+        capacity = plain if forced is False else self._memory.capacity(budget.available, True)
+        longest = max(sequences, key=lambda s: len(s.token_ids))
+        if len(longest.token_ids) > capacity:
+            raise TrainingError(self._too_long(longest, budget, checkpointed=forced is not False))
+        lengths = [len(sequence.token_ids) for sequence in sequences]
+        bins = pack(
+            lengths,
+            min(capacity, PACKED_ROW_TOKENS),
+            dev_config.gradient_accumulation_sequences,
+        )
+        batches: list[_Batch] = []
+        estimated = 0
+        for indices in bins:
+            tokens = sum(lengths[i] for i in indices)
+            # Each micro-batch on its own: a long one is checkpointed, a short one of the
+            # same step keeps its activations and saves the recompute.
+            checkpointed = (
+                forced if forced is not None else tokens > min(plain, CHECKPOINT_ABOVE_TOKENS)
             )
+            batches.append(_Batch(indices, checkpointed))
+            estimated = max(estimated, self._memory.step_bytes(tokens, checkpointed))
+        return _Plan(batches=batches, estimated_bytes=budget.in_use + estimated)
 
-    def _ref_logprobs(self, batch: _MicroBatch) -> torch.Tensor:
+    def _too_long(self, sequence: TrainingSequence, budget: Budget, checkpointed: bool) -> str:
+        length = len(sequence.token_ids)
+        need = self._memory.step_bytes(length, checkpointed) / GIB
+        where = f"group {sequence.group_index}, trajectory {sequence.trajectory_index}"
+        if budget.configured:
+            limit = f"TrainerArgs.memory_budget_gb={budget.limit / GIB:.2f}"
+        else:
+            limit = f"the {budget.limit / GIB:.2f} GiB this machine's {self.device.type} has"
+        fixes = [
+            f"lower InitArgs.max_seq_length (now {self.init_args.max_seq_length}) so longer "
+            "sequences are truncated",
+            "raise TrainerArgs.memory_budget_gb" if budget.configured else "free memory",
+        ]
+        if not checkpointed:
+            fixes.insert(0, "leave TrainerArgs.gradient_checkpointing unset (or True)")
+        return (
+            f"a sequence of {length} tokens ({where}) needs about {need:.2f} GiB to train"
+            f"{' with gradient checkpointing' if checkpointed else ' without gradient checkpointing'}"
+            f", but {limit} leaves {budget.available / GIB:.2f} GiB beside the "
+            f"{budget.in_use / GIB:.2f} GiB in use. Nothing was trained or saved. To fix: "
+            + "; or ".join(fixes)
+        )
+
+    def _logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's logprob of each trained token of `batch` ([n]), and the entropy there."""
+        hidden = self._decoder(
+            input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+        ).last_hidden_state[0]
+        return sampled_logprobs(
+            hidden[batch.predict_at], batch.targets, self._head, self._chunk_rows
+        )
+
+    def _ref_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         # The base model is the adapter switched off: no second copy of the weights.
         with torch.no_grad(), self.model.disable_adapter():
-            logits = self.model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-            ).logits
-            return _token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])[0]
+            return batch.per_sequence(self._logprobs(batch)[0])
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        # LoRA dropout draws from an RNG seeded from TrainerArgs.seed and the step count,
+        # inside a fork: the global RNG that unseeded sampling uses is left as it was.
+        with torch.random.fork_rng(devices=_cuda_devices()):
+            torch.manual_seed(self.trainer_args.seed + self.steps)
+            yield
 
     def _train_mode(self) -> None:
         self.model.train()
@@ -312,27 +407,38 @@ class PeftTrainer:
             if isinstance(module, torch.nn.Dropout) and "lora_dropout" not in name:
                 module.eval()
 
+    def _checkpoint(self, on: bool) -> None:
+        """Turn gradient (activation) checkpointing of the decoder layers on or off."""
+        if on and not self._causal_lm.is_activation_checkpointing:
+            self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+        elif not on:
+            self._stop_checkpointing()
 
-def _token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 log-probability of each target token, and the entropy (no grad) at each position."""
-    positions = max(1, _LOGPROB_CHUNK_ROWS // logits.shape[0])
-    logprobs: list[torch.Tensor] = []
-    entropies: list[torch.Tensor] = []
-    for start in range(0, logits.shape[1], positions):
-        chunk = logits[:, start : start + positions].float()
-        normalizer = torch.logsumexp(chunk, dim=-1)
-        picked = chunk.gather(-1, targets[:, start : start + positions, None]).squeeze(-1)
-        logprobs.append(picked - normalizer)
-        with torch.no_grad():
-            probs = torch.softmax(chunk, dim=-1)
-            entropies.append(normalizer - (probs * chunk).sum(-1))
-    return torch.cat(logprobs, dim=1), torch.cat(entropies, dim=1)
+    def _eval_mode(self) -> None:
+        self._stop_checkpointing()
+        self.model.eval()
+
+    def _stop_checkpointing(self) -> None:
+        if self._causal_lm.is_activation_checkpointing:
+            self._causal_lm.activation_checkpointing_disable()  # type: ignore[no-untyped-call]
+            # Enabling hooked the input embeddings to require grad, which disabling does not
+            # undo for a PEFT-wrapped model; inference needs no grad.
+            self._causal_lm.disable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    with torch.random.fork_rng(devices=_cuda_devices()):
+        torch.manual_seed(seed)
+        yield
+
+
+def _cuda_devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
 
 __all__ = [
-    "DEFAULT_MICRO_BATCH_SEQUENCES",
+    "CHECKPOINT_ABOVE_TOKENS",
     "PeftTrainer",
     "add_adapter",
     "create_peft_model",

@@ -1,0 +1,84 @@
+"""Log-probabilities of sampled tokens through the LM head, in chunks.
+
+The full [tokens x vocabulary] logits of a long step are the largest tensors a training
+step would make (8 x 2k tokens x 49k vocabulary x 4 bytes = 3.2 GB, kept for backward).
+Here the head runs on `chunk_rows` hidden states at a time, each chunk under
+`torch.utils.checkpoint`: forward keeps only the chunk's hidden states and its
+logprobs, and backward recomputes one chunk's logits at a time. So at most one chunk of
+logits is alive, in forward and in backward.
+
+Why checkpoint and not a fused kernel: Liger Kernel's and Unsloth's fused linear
+cross-entropy are Triton kernels (CUDA only), and a hand-written autograd Function
+would have to know the head's parameters, which a LoRA on `lm_head` changes; checkpoint
+differentiates whatever the head module is, on any device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+def output_head(causal_lm: torch.nn.Module) -> Head:
+    """The model's logits from hidden states, with its own logit scaling, if any."""
+    linear = causal_lm.get_output_embeddings()  # type: ignore[operator]
+    config = causal_lm.config
+    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 and 3
+    scale = getattr(causal_lm, "logit_scale", None)  # Cohere multiplies
+    divide = getattr(config, "logits_scaling", None)  # Granite divides
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = linear(hidden)
+        if isinstance(scale, float):
+            logits = logits * scale
+        if isinstance(divide, float | int) and divide != 1:
+            logits = logits / divide
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    return head
+
+
+def _chunk(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Head
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    normalizer = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets[:, None]).squeeze(-1)
+    with torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = normalizer - (probs * logits).sum(-1)
+    return picked - normalizer, entropy
+
+
+def sampled_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Head, chunk_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 log-probability of each target and the entropy (no grad) at each row.
+
+    `hidden` is [rows, hidden size]: the hidden state that predicts each `targets` token.
+    """
+    logprobs: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    differentiable = torch.is_grad_enabled()
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        if differentiable:
+            result = checkpoint(_chunk, hidden[rows], targets[rows], head, use_reentrant=False)
+            logprob, entropy = result
+        else:
+            logprob, entropy = _chunk(hidden[rows], targets[rows], head)
+        logprobs.append(logprob)
+        entropies.append(entropy.detach())
+    if not logprobs:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+__all__ = ["Head", "output_head", "sampled_logprobs"]

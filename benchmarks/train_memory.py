@@ -1,0 +1,353 @@
+"""Peak memory and seconds of one training step on long agent trajectories.
+
+Each setting (N trajectories whose final completion is ~T tokens) runs in a fresh
+`LocalBackend` (its model service in a child process, as users run it): register the
+default model, then one `model.train` on N trajectories shaped like a LangGraph ReAct
+agent's (system, user, a sampled tool call, the tool's answer, a sampled final answer of
+T tokens), with rewards that differ so every trajectory trains. Printed per setting: the
+service process's peak RSS (VmHWM: loading, serving and the step together), the wall
+seconds of `model.train`, and what the trainer reported (`train/peak_memory_gb` where the
+trainer has it).
+
+A watchdog kills the service when its RSS passes `--kill-above-gb` (default 10), so a
+trainer without bounded memory is recorded as "killed" instead of taking the machine down.
+
+    python benchmarks/train_memory.py                     # 8x2048, 8x4096, 32x2048, 32x4096
+    python benchmarks/train_memory.py --settings 8x2048   # one setting
+
+`--peer trl` runs TRL's `GRPOTrainer` instead, in a child process of its own, on the same
+sequences: its `rollout_func` hands it each trajectory's last prompt (system, user, tool
+call, tool answer) and sampled answer as token ids, so it trains the same tokens (all
+but the tool call) with the same LoRA, dtype, loss (CISPO) and rewards, one optimizer
+step, one sequence per forward/backward, gradient checkpointing on (TRL's default and
+its way to fit long sequences). TRL comes from the `bench` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import art
+from art.backends.local import models
+from art.local import LocalBackend
+
+_FILLER = (
+    "Let me think about the weather data step by step. The tool returned the temperature, "
+    "the humidity and the wind speed for the city, so I will compare them with the averages "
+    "for this time of the year and then write a short summary for the user. "
+)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _choice(message: dict[str, Any], prompt: list[int], tokens: list[int]) -> Any:
+    from openai.types.chat.chat_completion import Choice
+
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else "length",
+            "message": message,
+            "prompt_token_ids": prompt,
+            "token_ids": tokens,
+            "token_logprobs": [-1.0] * len(tokens),
+        }
+    )
+
+
+def agent_trajectory(tokenizer: Any, index: int, completion_tokens: int) -> art.Trajectory:
+    """A ReAct trajectory: a sampled tool call, the tool's answer, a long sampled answer."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a helpful assistant. Use the tools."},
+        {"role": "user", "content": f"What is the weather like in city number {index}?"},
+    ]
+    prompt = _encode(
+        tokenizer,
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+    )
+    call_text = (
+        f'<tool_call>{{"name": "get_weather", "arguments": {{"city": "c{index}"}}}}</tool_call>'
+    )
+    call = _encode(tokenizer, call_text + "<|im_end|>")
+    call_message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{index}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": f"c{index}"})},
+            }
+        ],
+    }
+    tool_result = f"sunny, {10 + index % 20} C, wind {index % 7} m/s"
+    second_prompt = (
+        prompt
+        + call
+        + _encode(
+            tokenizer, f"\n<|im_start|>tool\n{tool_result}<|im_end|>\n<|im_start|>assistant\n"
+        )
+    )
+    filler = _encode(tokenizer, _FILLER * 8)
+    # Offset per trajectory so no two answers are the same token sequence.
+    answer = [filler[(index * 7 + k) % len(filler)] for k in range(completion_tokens)]
+    return art.Trajectory(
+        messages_and_choices=[
+            *messages,
+            _choice(call_message, prompt, call),
+            {"role": "tool", "tool_call_id": f"call_{index}", "content": tool_result},
+            _choice(
+                {"role": "assistant", "content": tokenizer.decode(answer)}, second_prompt, answer
+            ),
+        ],
+        tools=tools,
+        reward=float(index % 4) / 3,
+    )
+
+
+class Watchdog:
+    """Polls a process's RSS; kills it above `limit_gb`."""
+
+    def __init__(self, pid: int, limit_gb: float) -> None:
+        self.pid, self.limit_gb, self.killed_at_gb = pid, limit_gb, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            rss = status_gb(self.pid, "VmRSS")
+            if rss > self.limit_gb:
+                self.killed_at_gb = rss
+                os.kill(self.pid, 9)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def status_gb(pid: int, field: str) -> float:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024**2
+    return 0.0
+
+
+async def one_setting(
+    tokenizer: Any, trajectories: int, completion_tokens: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="art-train-memory-") as path:
+        backend = LocalBackend(path=path)
+        model = art.TrainableModel(
+            name="mem",
+            project="bench",
+            base_model=models.DEFAULT_MODEL,
+            _internal_config=args.config,
+        )
+        await model.register(backend)
+        service = backend._service
+        pid = service._process.pid  # type: ignore[union-attr]
+        loaded_gb = status_gb(pid, "VmRSS")
+        groups = [
+            art.TrajectoryGroup(
+                agent_trajectory(tokenizer, g * 4 + k, completion_tokens) for k in range(4)
+            )
+            for g in range(trajectories // 4)
+        ]
+        watchdog = Watchdog(pid, args.kill_above_gb)
+        started = time.monotonic()
+        result: dict[str, Any] = {"loaded_gb": loaded_gb}
+        try:
+            await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+            result["seconds"] = time.monotonic() - started
+            result["peak_rss_gb"] = status_gb(pid, "VmHWM")
+            rows = [
+                json.loads(line)
+                for line in (Path(path) / "bench/models/mem/history.jsonl").read_text().splitlines()
+            ]
+            train_row = rows[-1]
+            result["tokens_trained"] = train_row.get("train/tokens_trained")
+            result["trainer_peak_gb"] = train_row.get("train/peak_memory_gb")
+        except Exception as error:  # a killed service is the result being measured
+            result["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+            result["seconds"] = time.monotonic() - started
+            if watchdog.killed_at_gb:
+                result["error"] = f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
+        finally:
+            watchdog.stop()
+            await backend.close()
+    return result
+
+
+def trl_child(trajectories: int, completion_tokens: int) -> None:
+    """One TRL GRPO step on the same sequences (run as this script's child)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from art.backends.local.trainer import lora_config
+    from art.core.dev import PeftArgs
+
+    tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
+    answers = []
+    for index in range(trajectories):
+        last = agent_trajectory(tokenizer, index, completion_tokens).messages_and_choices[-1]
+        extra = last.model_extra or {}  # type: ignore[union-attr]
+        answers.append((extra["prompt_token_ids"], extra["token_ids"], extra["token_logprobs"]))
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        # TRL repeats each prompt once per generation; a prompt names its group, and the
+        # group's k-th copy gets the group's k-th trajectory.
+        seen: dict[str, int] = {}
+        picked = []
+        for prompt in prompts:
+            k = seen[prompt] = seen.get(prompt, -1) + 1
+            picked.append(answers[int(prompt.split()[-1]) * 4 + k])
+        return {
+            "prompt_ids": [a[0] for a in picked],
+            "completion_ids": [a[1] for a in picked],
+            "logprobs": [a[2] for a in picked],
+        }
+
+    def reward(completions: list[Any], **_: Any) -> list[float]:
+        return [float(k % 4) / 3 for k in range(len(completions))]
+
+    hf_model, _ = models.load(models.resolve(models.DEFAULT_MODEL))
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-train-memory-"),
+        use_cpu=True,
+        bf16=next(hf_model.parameters()).dtype == torch_bf16(),
+        num_generations=4,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=trajectories,
+        max_steps=1,
+        max_completion_length=completion_tokens,
+        learning_rate=1e-5,
+        beta=0.0,
+        loss_type="cispo",
+        epsilon_high=1.2,
+        gradient_checkpointing=True,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=hf_model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list(
+            [{"prompt": f"group {g}"} for g in range(trajectories // 4)]
+        ),
+        processing_class=tokenizer,
+        peft_config=lora_config(PeftArgs()),
+        rollout_func=rollout,
+    )
+    trainer.train()
+
+
+def torch_bf16() -> Any:
+    import torch
+
+    return torch.bfloat16
+
+
+def trl_setting(
+    trajectories: int, completion_tokens: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--trl-child", f"{trajectories}x{completion_tokens}"],
+        env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+    )
+    watchdog = Watchdog(child.pid, args.kill_above_gb)
+    peak = 0.0
+    while child.poll() is None:
+        peak = max(peak, status_gb(child.pid, "VmHWM"))
+        time.sleep(0.2)
+    watchdog.stop()
+    result: dict[str, Any] = {"seconds": time.monotonic() - started, "peak_rss_gb": peak}
+    if watchdog.killed_at_gb:
+        result["error"] = f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
+    elif child.returncode:
+        result["error"] = f"exit code {child.returncode}"
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default="8x2048,8x4096,32x2048,32x4096")
+    parser.add_argument("--kill-above-gb", type=float, default=10.0)
+    parser.add_argument(
+        "--memory-budget-gb",
+        type=float,
+        default=None,
+        help="art.dev.TrainerArgs(memory_budget_gb=...) for the service; default: none set",
+    )
+    parser.add_argument("--peer", choices=["ours", "trl"], default="ours")
+    parser.add_argument("--trl-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_child:
+        n, t = (int(part) for part in args.trl_child.split("x"))
+        trl_child(n, t)
+        return
+    args.config = None
+    if args.memory_budget_gb is not None:
+        args.config = art.dev.InternalModelConfig(
+            trainer_args=art.dev.TrainerArgs(memory_budget_gb=args.memory_budget_gb)  # type: ignore[call-arg]
+        )
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, dtype {models.torch_dtype('auto')}"
+    )
+    for setting in args.settings.split(","):
+        n, t = (int(part) for part in setting.split("x"))
+        if args.peer == "trl":
+            result = trl_setting(n, t, args)  # its seconds include loading, its own process
+        else:
+            result = await one_setting(tokenizer, n, t, args)
+        shown = ", ".join(
+            f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}"
+            for key, value in result.items()
+        )
+        print(f"{n} x {t} tokens: {shown}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

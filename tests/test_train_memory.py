@@ -1,0 +1,313 @@
+"""Training in bounded memory: packing, the chunked LM head, the memory plan, long agents."""
+
+from __future__ import annotations
+
+import copy
+import json
+import resource
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from openai.types.chat.chat_completion import Choice
+
+import art
+from art.backends.local.batching import MicroBatch, pack
+from art.backends.local.chat_format import render_prompt, tool_template_for
+from art.backends.local.logprobs import output_head, sampled_logprobs
+from art.backends.local.memory import GIB, StepMemory
+from art.backends.local.tokenize import tokenize_trajectory
+from art.backends.local.trainer import PeftTrainer, create_peft_model
+from art.core.errors import TrainingError
+from art.local import LocalBackend
+
+PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+_ANSWER = (
+    "The tool says it is sunny. Let me compare that with the usual weather there, think "
+    "about what the user may want to do today, and write a helpful summary for them. "
+)
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _choice(message: dict[str, Any], prompt: list[int], tokens: list[int], reason: str) -> Choice:
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": reason,
+            "message": message,
+            "prompt_token_ids": prompt,
+            "token_ids": tokens,
+            "token_logprobs": [-1.5] * len(tokens),
+        }
+    )
+
+
+def agent_trajectory(tokenizer: Any, index: int, answer_tokens: int) -> art.Trajectory:
+    """A ReAct agent's turn as our endpoint records it: the prompts rendered with the
+    tools by the served chat template, a sampled tool call, the tool's answer, then a
+    final answer cut at `answer_tokens` (finish_reason "length", as with max_tokens)."""
+    template = tool_template_for(tokenizer)
+    tools = [WEATHER_TOOL]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You answer weather questions. Use the tool."},
+        {"role": "user", "content": f"What is the weather in city {index}?"},
+    ]
+    prompt = _ids(tokenizer, render_prompt(tokenizer, messages, tools, template))
+    arguments = json.dumps({"city": f"city {index}"})
+    call = _ids(
+        tokenizer,
+        f'<tool_call>{{"name": "get_weather", "arguments": {arguments}}}</tool_call><|im_end|>',
+    )
+    call_message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{index}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+    tool_message = {"role": "tool", "tool_call_id": f"call_{index}", "content": "sunny, 21C"}
+    second_prompt = _ids(
+        tokenizer,
+        render_prompt(tokenizer, [*messages, call_message, tool_message], tools, template),
+    )
+    text = _ids(tokenizer, _ANSWER * (answer_tokens // 20 + 2))
+    answer = text[index : index + answer_tokens]
+    return art.Trajectory(
+        messages_and_choices=[
+            *messages,
+            _choice(call_message, prompt, call, "tool_calls"),
+            tool_message,
+            _choice(
+                {"role": "assistant", "content": tokenizer.decode(answer)},
+                second_prompt,
+                answer,
+                "length",
+            ),
+        ],
+        tools=tools,  # type: ignore[list-item]
+        reward=float(index % 4),
+    )
+
+
+def agent_groups(
+    tokenizer: Any, trajectories: int, answer_tokens: int
+) -> list[art.TrajectoryGroup]:
+    return [
+        art.TrajectoryGroup(agent_trajectory(tokenizer, g * 4 + k, answer_tokens) for k in range(4))
+        for g in range(trajectories // 4)
+    ]
+
+
+def fresh_trainer(default_model: tuple[Any, Any], **trainer_args: Any) -> PeftTrainer:
+    base, tokenizer = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    return PeftTrainer(
+        model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(**trainer_args),
+    )
+
+
+def test_pack_fills_bins_longest_first_within_capacity() -> None:
+    lengths = [700, 100, 300, 1500, 250, 600]
+    bins = pack(lengths, 1000)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert bins[0] == [3]  # over capacity: alone
+    for b in bins[1:]:
+        assert sum(lengths[i] for i in b) <= 1000
+    assert len(bins) == 3  # 1500 | 700+250 | 600+300+100
+    assert all(len(b) <= 2 for b in pack(lengths, 1000, max_sequences=2))
+    assert len(pack(lengths, 10_000, max_sequences=1)) == len(lengths)
+
+
+def test_the_agent_trajectory_is_one_sequence(default_model: tuple[Any, Any]) -> None:
+    """Both turns extend one another, as the endpoint renders them: one sequence to train."""
+    _, tokenizer = default_model
+    trajectory = agent_trajectory(tokenizer, 0, 64)
+    sequences = tokenize_trajectory(
+        trajectory,
+        tokenizer,
+        group_index=0,
+        trajectory_index=0,
+        chat_template=tool_template_for(tokenizer),
+    )
+    assert len(sequences) == 1
+    assert sum(sequences[0].trained) > 64  # the tool call and the answer
+
+
+def test_chunked_head_matches_the_full_logits_and_their_gradient(
+    default_model: tuple[Any, Any],
+) -> None:
+    base, _ = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    with torch.no_grad():  # LoRA B starts at 0: give it weights so the adapter matters
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    causal_lm = model.get_base_model()
+    ids = torch.randint(10, 40_000, (1, 50), generator=torch.Generator().manual_seed(2))
+    targets = ids[0, 1:]
+    lora = [p for p in model.parameters() if p.requires_grad]
+
+    full = torch.log_softmax(causal_lm(input_ids=ids).logits[0, :-1].float(), dim=-1)
+    expected = full.gather(-1, targets[:, None]).squeeze(-1)
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in lora]  # type: ignore[union-attr]
+    model.zero_grad()
+
+    hidden = causal_lm.get_decoder()(input_ids=ids).last_hidden_state[0, :-1]
+    chunked, entropy = sampled_logprobs(hidden, targets, output_head(causal_lm), chunk_rows=7)
+    chunked.sum().backward()
+
+    torch.testing.assert_close(chunked, expected, rtol=1e-4, atol=1e-4)
+    for grad, want in zip((p.grad for p in lora), expected_grads, strict=True):
+        assert grad is not None
+        # The same sums in another order: equal up to float32 rounding, as a whole.
+        assert float((grad - want).norm() / want.norm()) < 1e-3
+    assert (entropy > 0).all()
+    assert not entropy.requires_grad
+
+
+def test_packed_sequences_do_not_see_each_other(default_model: tuple[Any, Any]) -> None:
+    """Logprobs of sequences packed in one row equal those of each sequence alone."""
+    _, tokenizer = default_model
+    trainer = fresh_trainer(default_model)
+    sequences = [
+        tokenize_trajectory(
+            agent_trajectory(tokenizer, i, 40),
+            tokenizer,
+            group_index=0,
+            trajectory_index=i,
+            chat_template=tool_template_for(tokenizer),
+        )[0]
+        for i in range(3)
+    ]
+    advantages = {(0, i): 1.0 for i in range(3)}
+    with torch.no_grad():
+        packed = MicroBatch.of(sequences, advantages, trainer.device)
+        together = packed.per_sequence(trainer._logprobs(packed)[0])
+        for row, sequence in enumerate(sequences):
+            alone = MicroBatch.of([sequence], advantages, trainer.device)
+            values = alone.per_sequence(trainer._logprobs(alone)[0])[0]
+            torch.testing.assert_close(together[row, : len(values)], values, rtol=1e-4, atol=1e-4)
+    assert packed.tokens == sum(len(s.token_ids) for s in sequences)  # no padding
+
+
+@pytest.mark.timeout(1800)  # two steps; slow only on a shared machine
+def test_a_tight_budget_splits_the_step_and_trains_the_same(
+    default_model: tuple[Any, Any],
+) -> None:
+    _, tokenizer = default_model
+    groups = agent_groups(tokenizer, 4, 60)
+    config = art.TrainConfig(learning_rate=1e-4)
+    roomy = fresh_trainer(default_model).step(groups, config, art.dev.TrainConfig())
+
+    trainer = fresh_trainer(default_model)
+    memory = StepMemory.of(trainer._causal_lm, trainer.parameters)
+    rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+    # Room for one 260-token sequence without checkpointing, not for two.
+    budget = (rss + memory.step_bytes(400, checkpointed=False)) / GIB
+    tight = PeftTrainer(
+        trainer.model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(memory_budget_gb=budget, gradient_checkpointing=False),
+    ).step(groups, config, art.dev.TrainConfig())
+
+    assert roomy["micro_batches"] < 4
+    assert tight["micro_batches"] == 4
+    for name in ("loss", "grad_norm", "entropy", "tokens_trained"):
+        assert tight[name] == pytest.approx(roomy[name], rel=1e-3), name
+    print(f"\npeak {tight['peak_memory_gb']:.2f} GiB, estimated {tight['estimated_memory_gb']:.2f}")
+    assert tight["peak_memory_gb"] <= tight["estimated_memory_gb"] * 1.1
+
+
+def test_a_sequence_that_cannot_fit_fails_before_training(
+    default_model: tuple[Any, Any],
+) -> None:
+    _, tokenizer = default_model
+    trainer = fresh_trainer(default_model, memory_budget_gb=0.01, gradient_checkpointing=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+    with pytest.raises(TrainingError) as raised:
+        trainer.step(agent_groups(tokenizer, 4, 20), art.TrainConfig(), art.dev.TrainConfig())
+
+    message = str(raised.value)
+    assert "tokens" in message
+    assert "memory_budget_gb=0.01" in message
+    assert "max_seq_length" in message
+    assert "gradient_checkpointing" in message
+    assert not trainer.optimizer.state
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert trainer.steps == 0
+
+
+@pytest.mark.timeout(3600)  # ~8 minutes of one idle core; far more on a shared machine
+async def test_long_agent_trajectories_train_in_bounded_memory(
+    tmp_path: Path, default_model: tuple[Any, Any]
+) -> None:
+    """8 agent trajectories with 2,048-token answers train in one step in the real model
+    service; a model whose budget cannot hold one sequence fails first, before anything is
+    written, and the service goes on serving and training."""
+    _, tokenizer = default_model
+    path = tmp_path / ".art"
+    backend = LocalBackend(path=path)
+    starved = art.TrainableModel(
+        name="starved",
+        project="mem",
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        _internal_config=art.dev.InternalModelConfig(
+            trainer_args=art.dev.TrainerArgs(memory_budget_gb=0.05)
+        ),
+    )
+    model = art.TrainableModel(
+        name="agent", project="mem", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    try:
+        await starved.register(backend)
+        await model.register(backend)
+        groups = agent_groups(tokenizer, 8, 2048)
+        checkpoint = path / "mem/models/starved/checkpoints/0000"
+        saved = {f.name: f.read_bytes() for f in checkpoint.iterdir()}
+
+        with pytest.raises(TrainingError, match=r"memory_budget_gb=0\.05"):
+            await starved.train(groups[:1])
+        assert await starved.get_step() == 0
+        assert {f.name: f.read_bytes() for f in checkpoint.iterdir()} == saved
+        assert not (path / "mem/models/starved/history.jsonl").exists()
+
+        await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+        assert await model.get_step() == 1
+        row = json.loads((path / "mem/models/agent/history.jsonl").read_text().splitlines()[-1])
+    finally:
+        await backend.close()
+    peak = row["train/peak_memory_gb"]
+    print(
+        f"\n8 x 2048-token agent trajectories: {row['train/tokens_trained']:.0f} tokens, "
+        f"peak memory of the model service {peak:.2f} GiB (estimated "
+        f"{row['train/estimated_memory_gb']:.2f}), {row['train/micro_batches']:.0f} "
+        f"micro-batches ({row['train/checkpointed_micro_batches']:.0f} checkpointed), "
+        f"{row['train/train_seconds']:.0f} s; this process's peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
+    )
+    assert row["train/tokens_trained"] > 8 * 2048
+    assert row["train/checkpointed_micro_batches"] == 8  # each sequence over 1024 tokens
+    assert 0 < peak < 3.0
