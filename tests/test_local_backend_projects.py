@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 import pytest_asyncio
-from helpers import sampled_choice
 
 import art
 from art.local import LocalBackend
@@ -158,18 +158,30 @@ async def test_verbose_training_reports_the_step_and_its_checkpoint(
 
 
 async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend) -> None:
-    model = art.TrainableModel(name="failing", project="delta", base_model=BASE)
+    # A memory budget that cannot hold one sequence fails the step in the trainer.
+    model = art.TrainableModel(
+        name="failing",
+        project="delta",
+        base_model=BASE,
+        _internal_config=art.dev.InternalModelConfig(
+            trainer_args=art.dev.TrainerArgs(memory_budget_gb=0.01)
+        ),
+    )
     await model.register(backend)
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=messages, n=2, max_tokens=4, seed=1
+    )
     groups = [
         art.TrajectoryGroup(
-            art.Trajectory(messages_and_choices=[*messages, sampled_choice(t)], reward=r)  # type: ignore[list-item]
-            for t, r in (("a", 0.0), ("b", 1.0))
+            art.Trajectory(messages_and_choices=[*messages, choice], reward=float(i))
+            for i, choice in enumerate(completion.choices)
         )
     ]
     with pytest.raises(art.TrainingError) as raised:
         await model.train(groups)
     assert raised.value.step == 1
+    assert await model.get_step() == 0
 
 
 @pytest.mark.parametrize(

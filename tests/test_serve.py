@@ -90,14 +90,18 @@ async def test_the_same_script_trains_one_step_on_every_backend(
 
     assert result["steps"] == (0, 1)
     assert result["deleted"] == [0]  # step 1 is both the latest and the best
-    assert result["served"] == result["names"]  # each backend serves what the model asks for
     if kind == "serve":  # the W&B Training API's names, which say the project
-        assert result["names"] == [
-            "wandb-artifact:///local/serve/script",
-            "wandb-artifact:///local/serve/script:step1",
-        ]
-    else:
-        assert result["names"] == ["script", "script@1"]
+        assert (
+            result["served"]
+            == result["names"]
+            == [
+                "wandb-artifact:///local/serve/script",
+                "wandb-artifact:///local/serve/script:step1",
+            ]
+        )
+    else:  # `project/name`, and the bare name while no other project has one like it
+        assert result["names"] == ["serve/script", "serve/script@1"]
+        assert result["served"] == ["script", "script@1", "serve/script", "serve/script@1"]
     assert checkpoints(root, "serve", "script") == ["0001"]
     run = root / "serve" / "models" / "script"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
