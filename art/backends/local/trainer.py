@@ -409,8 +409,11 @@ class PeftTrainer:
 
     def _checkpoint(self, on: bool) -> None:
         """Turn gradient (activation) checkpointing of the decoder layers on or off."""
-        if on and not self._causal_lm.is_activation_checkpointing:
-            self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+        if on and not _checkpointing(self._causal_lm):
+            if hasattr(self._causal_lm, "activation_checkpointing_enable"):
+                self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
+            else:  # transformers before 5.23 named it gradient checkpointing
+                self._causal_lm.gradient_checkpointing_enable({"use_reentrant": False})  # type: ignore[no-untyped-call]
         elif not on:
             self._stop_checkpointing()
 
@@ -419,11 +422,21 @@ class PeftTrainer:
         self.model.eval()
 
     def _stop_checkpointing(self) -> None:
-        if self._causal_lm.is_activation_checkpointing:
-            self._causal_lm.activation_checkpointing_disable()  # type: ignore[no-untyped-call]
+        if _checkpointing(self._causal_lm):
+            if hasattr(self._causal_lm, "activation_checkpointing_disable"):
+                self._causal_lm.activation_checkpointing_disable()  # type: ignore[no-untyped-call]
+            else:
+                self._causal_lm.gradient_checkpointing_disable()  # type: ignore[no-untyped-call]
             # Enabling hooked the input embeddings to require grad, which disabling does not
             # undo for a PEFT-wrapped model; inference needs no grad.
             self._causal_lm.disable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+def _checkpointing(model: PreTrainedModel) -> bool:
+    """Whether activation checkpointing is on, under transformers' name before or since 5.23."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
 
 
 @contextlib.contextmanager
