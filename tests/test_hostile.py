@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 import art
-from art.backends.local.engine import TransformersEngine
+from art.backends.local.transformers_engine import TransformersEngine
 from art.core.storage import ModelStore
 from art.local import LocalBackend
 

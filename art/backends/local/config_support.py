@@ -2,54 +2,87 @@
 
 Every field is either used or refused here, at registration, with an error that names
 it and says what to do: none is accepted and then dropped.
+
+Per engine:
+- `engine_args.max_num_seqs`, `max_model_len`: both engines.
+- `engine_args.gpu_memory_utilization`: vLLM only (on CPU, vLLM's share of RAM).
+- `engine_args.enforce_eager`: vLLM only (no CUDA graphs).
+- `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): vLLM on CUDA only.
 """
 
 from __future__ import annotations
 
 from ...core import dev
 from ...core.errors import ConfigError
-
-_NO_VLLM = (
-    "needs engine='vllm', and this version serves with its transformers engine only; leave it unset"
-)
+from .engine import EngineName
 
 
-def check_supported(config: dev.InternalModelConfig) -> None:
-    """Raise `ConfigError` for the first setting the transformers engine + PEFT cannot honour."""
-    if config.engine not in (None, "transformers") or config.trainer not in (None, "peft"):
+def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
+    """Raise `ConfigError` for the first setting `engine` + the PEFT trainer cannot honour."""
+    if config.trainer not in (None, "peft"):
         raise ConfigError(
-            "_internal_config",
-            f"engine={config.engine!r}, trainer={config.trainer!r} is not available on this machine",
-            "Leave engine and trainer unset (transformers + PEFT) for CPU training",
+            "_internal_config.trainer",
+            f"is {config.trainer!r}, which this version does not have: it trains with PEFT",
+            "Leave trainer unset (or 'peft')",
         )
     if config.init_args.load_in_4bit:
         raise ConfigError(
             "_internal_config.init_args.load_in_4bit",
             "4-bit base weights need CUDA, bitsandbytes and a 4-bit-aware trainer, which this "
-            "version's transformers engine and PEFT trainer are not",
+            "version's PEFT trainer is not",
             "Leave load_in_4bit False; InitArgs(dtype='bfloat16') halves the weights' memory",
         )
+    if engine == "vllm":
+        _check_vllm(config)
+        return
+    no_vllm = "needs engine='vllm'; the transformers engine serves this model"
     if config.engine_args.gpu_memory_utilization is not None:
         raise ConfigError(
             "_internal_config.engine_args.gpu_memory_utilization",
-            "is vLLM's share of GPU memory, which "
-            + _NO_VLLM.replace(
-                "; leave", " (the transformers engine allocates as it decodes); leave"
-            ),
-            "Remove gpu_memory_utilization",
+            "is vLLM's share of GPU memory, which " + no_vllm + " (it allocates as it decodes)",
+            "Remove gpu_memory_utilization, or set engine='vllm'",
         )
     if config.engine_args.enforce_eager:
         raise ConfigError(
             "_internal_config.engine_args.enforce_eager",
-            "turns off vLLM's CUDA graphs, which " + _NO_VLLM,
-            "Remove enforce_eager (the transformers engine runs eagerly)",
+            "turns off vLLM's CUDA graphs, which " + no_vllm + " (it runs eagerly)",
+            "Remove enforce_eager, or set engine='vllm'",
         )
-    if config.trainer_gpu_ids is not None or config.inference_gpu_ids is not None:
+    if config.trainer_gpu_ids is not None:
         raise ConfigError(
             "_internal_config.trainer_gpu_ids",
-            "dedicated mode (training and inference on separate devices) is not built in this "
-            "version: training and inference share the model and take turns",
+            "dedicated mode (training and inference on separate GPUs) runs vLLM on its own "
+            "GPUs, and " + no_vllm,
+            "Set engine='vllm' on a CUDA machine, or leave trainer_gpu_ids and "
+            "inference_gpu_ids unset",
+        )
+
+
+def _check_vllm(config: dev.InternalModelConfig) -> None:
+    if config.trainer_gpu_ids is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            "dedicated mode puts training and vLLM on separate GPUs, and this machine has none",
             "Leave trainer_gpu_ids and inference_gpu_ids unset",
+        )
+    count = torch.cuda.device_count()
+    wanted = [*config.trainer_gpu_ids, *(config.inference_gpu_ids or [])]
+    missing = [i for i in wanted if not 0 <= i < count]
+    if missing:
+        raise ConfigError(
+            "_internal_config.inference_gpu_ids",
+            f"names GPUs {missing}, and this machine has {count} (0 to {count - 1})",
+            "Use GPU ids this machine has",
+        )
+    if len(config.trainer_gpu_ids) != 1:
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            f"names {len(config.trainer_gpu_ids)} GPUs; the PEFT trainer trains on one",
+            "Give trainer_gpu_ids one GPU",
         )
 
 

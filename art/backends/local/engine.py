@@ -1,45 +1,34 @@
-"""The transformers inference engine: continuous batching with token ids and logprobs.
+"""The inference engine seam: what the model service and the OpenAI endpoint ask of an engine.
 
-A worker thread decodes every running sequence one token per step with a shared KV
-cache. Between steps it admits waiting requests for the same adapter (their prompts are
-prefilled as a batch and their cache rows joined to the running ones) and drops the
-rows that finished, so a stream of agent turns keeps the batch full instead of waiting
-for its slowest member. Requests for another adapter wait until the running batch
-drains; so does training (`paused()`).
+Two engines implement `Engine`:
 
-A decode loop of our own rather than `model.generate`, because each row needs its own
-sampling settings, seed, stop strings and streaming callback, rows join and leave
-mid-flight, and training needs the sampled ids with their logprobs under the model's
-own (temperature-1) distribution.
+- `transformers_engine.TransformersEngine`: our continuous-batching decode loop over the
+  training model itself (any torch device; the CPU default). It serves the adapter being
+  trained live, so a finished step is served at once.
+- `vllm_engine.VLLMEngine`: vLLM's server in a child process started from its own
+  environment (`.venv-vllm` or `ART_VLLM_PYTHON`), fed token ids. It holds its own copy of
+  the weights and serves checkpoints: each saved adapter is loaded into it by name.
 
-Each row fails alone. A request whose caller went away (its future cancelled), whose
-streaming callback raises, or whose settings cannot be used (a seed torch refuses) is
-ended and its rows leave the batch at the next step, freeing their slots; the other rows
-go on. Only an error of the model call itself, which every row shares, fails the batch.
-
-A request may carry a grammar (`SamplingParams.grammar`, see `structured.py`): its rows
-sample only the tokens the grammar allows. Masks are computed for those rows alone, and
-a step with no constrained row does no grammar work at all.
+The endpoint renders the chat template and tokenizes; an engine gets token ids and
+`SamplingParams` and returns, per sampled sequence, the token ids and their logprobs under
+the model's own temperature-1 distribution, which is what the trainer recomputes. Which
+engine runs is `InternalModelConfig.engine` (see `choose_engine`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import queue
-import threading
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Literal, Protocol
 
-import torch
-import torch.nn.functional as F
-
+from ...core import dev
 from .structured import Grammar, Grammars
 
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
-_MAX_WAIT_STEPS = 8
+EngineName = Literal["transformers", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -66,83 +55,23 @@ class Sample:
     text: str = ""
 
 
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int
-    adapter: str | None
-    on_token: OnToken | None
-    future: concurrent.futures.Future[list[Sample]]
-    samples: list[Sample] = field(default_factory=list)
-    unfinished: int = 0
+class EngineUnavailable(RuntimeError):
+    """The engine cannot answer now (its process died, or it is restarting); says which."""
+
+
+class Engine(Protocol):
+    """Samples token ids for the model service's endpoint."""
+
+    grammars: Grammars
+    serves_training_weights: bool
+    """True: the engine samples from the model being trained (an adapter is served live by
+    its name). False: it holds its own weights and serves checkpoints loaded by
+    `load_adapter`, so the latest step is served as that step's checkpoint."""
 
     @property
-    def ended(self) -> bool:
-        """Answered, failed, or abandoned by its caller (a cancelled future)."""
-        return self.future.done()
-
-    def fail(self, error: BaseException) -> None:
-        _settle(self.future, error=error)
-
-
-@dataclass
-class _Row:
-    request: _Request
-    index: int
-    sample: Sample
-    generator: torch.Generator | None
-    matcher: Any = None  # llguidance.LLMatcher of the request's grammar, if it has one
-    done: bool = False
-
-
-@dataclass
-class _Batch:
-    """The running rows and their decoding state, row i of every tensor being rows[i]."""
-
-    rows: list[_Row]
-    cache: Any  # transformers.DynamicCache
-    attention: torch.Tensor  # (rows, cached length)
-    next_position: torch.Tensor  # (rows, 1)
-    logits: torch.Tensor  # (rows, vocab): the distribution of each row's next token
-
-
-class TransformersEngine:
-    """Serves one transformers model (and its PEFT adapters) to concurrent requests.
-
-    `model_lock` is held while a batch runs; whoever else changes the model (training,
-    loading adapters) takes it through `paused()`. `select_adapter(name)` makes `name`
-    (None: the base model) the active weights for the duration of a batch.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        max_num_seqs: int,
-        model_lock: threading.Lock,
-        select_adapter: Callable[[str | None], contextlib.AbstractContextManager[None]],
-        stop_token_ids: set[int],
-        batch_window_s: float = 0.01,
-    ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_num_seqs = max_num_seqs
-        self.model_lock = model_lock
-        self.select_adapter = select_adapter
-        self.stop_token_ids = stop_token_ids
-        self.batch_window_s = batch_window_s
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
-        self._held: list[_Request] = []  # taken from the queue, not yet admitted
-        self._pausing = threading.Event()
-        self._closed = False
-        self._waited_steps = 0  # decode steps the oldest waiting request has waited
-        self._active_rows = 0
-        self.grammars = Grammars(tokenizer, stop_token_ids)
-        self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
-        self._worker.start()
+    def active_rows(self) -> int:
+        """Sequences being sampled now."""
+        ...
 
     async def generate(
         self,
@@ -153,356 +82,57 @@ class TransformersEngine:
         adapter: str | None = None,
         on_token: OnToken | None = None,
     ) -> list[Sample]:
-        """Sample `n` sequences for one prompt.
+        """Sample `n` sequences for one prompt with `adapter` (None: the base model).
 
-        Cancelling the awaiting task abandons the request: its rows stop decoding at the
-        next step.
+        Cancelling the awaiting task abandons the request.
         """
-        future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
-        self._queue.put(_Request(prompt_ids, params, n, adapter, on_token, future))
-        try:
-            return await asyncio.wrap_future(future)
-        finally:
-            future.cancel()  # a no-op once answered; otherwise the worker drops the rows
+        ...
 
-    @property
-    def active_rows(self) -> int:
-        """Rows (sequences) in the running batch, as of the last decode step."""
-        return self._active_rows
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Sole use of the model for training: running requests finish, new ones wait."""
+        ...
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Hold the model exclusively: running rows finish, new requests wait."""
-        self._pausing.set()
-        try:
-            with self.model_lock:
-                self._pausing.clear()
-                yield
-        finally:
-            self._pausing.clear()
+    def load_adapter(self, name: str, directory: Path) -> None:
+        """Serve the PEFT adapter saved in `directory` as `name`."""
+        ...
 
-    def close(self) -> None:
-        self._closed = True
-        self._queue.put(None)
-        self._worker.join(timeout=30)
-        for request in self._held:
-            request.fail(RuntimeError("the inference engine was closed"))
-        self._held.clear()
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving `name`; requests already sampling with it finish first."""
+        ...
 
-    # --- the worker -------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while self._wait_for_requests():
-            adapter = self._held[0].adapter
-            admitted: list[_Request] = []
-            try:
-                with self.model_lock, self.select_adapter(adapter), torch.inference_mode():
-                    batch: _Batch | None = None
-                    while True:
-                        new = self._admit(adapter, running=len(batch.rows) if batch else 0)
-                        admitted += new
-                        if new:
-                            batch = self._join(batch, self._prefill(new))
-                        if batch is None or not batch.rows:
-                            break
-                        batch = self._step(batch)
-                        self._active_rows = len(batch.rows)
-            except BaseException as error:  # delivered to the waiting callers, never lost
-                for request in admitted:
-                    request.fail(error)
-            finally:
-                self._active_rows = 0
-
-    def _wait_for_requests(self) -> bool:
-        """Block until a request is held; False once the engine is closed."""
-        while not self._held:
-            request = self._queue.get()
-            if request is None:
-                return False
-            self._held.append(request)
-            # Keep taking requests while they keep coming, so requests sent together (a
-            # gather of rollouts) are prefilled together.
-            self._take_queued(wait_s=self.batch_window_s)
-        return not self._closed
-
-    def _take_queued(self, wait_s: float | None) -> None:
-        """Move queued requests to the held list, each waited for up to `wait_s` (None: no wait)."""
-        while True:
-            try:
-                request = self._queue.get(timeout=wait_s) if wait_s else self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if request is None:
-                self._queue.put(None)  # seen again once the held requests are served
-                return
-            self._held.append(request)
-
-    def _admit(self, adapter: str | None, running: int) -> list[_Request]:
-        self._take_queued(wait_s=None)
-        if self._pausing.is_set() or self._closed:
-            return []
-        if running and any(request.adapter != adapter for request in self._held):
-            return []  # drain, then serve the other adapter's requests
-        if running and not self._worth_a_prefill(adapter, running):
-            return []
-        self._waited_steps = 0
-        admitted: list[_Request] = []
-        size = running
-        for request in list(self._held):
-            if request.ended:  # abandoned while waiting
-                self._held.remove(request)
-                continue
-            if request.adapter != adapter:
-                continue
-            if size + request.n > self.max_num_seqs and (admitted or running):
-                break
-            admitted.append(request)
-            self._held.remove(request)
-            size += request.n
-        return admitted
-
-    def _worth_a_prefill(self, adapter: str | None, running: int) -> bool:
-        """Whether to pause the running rows for a prefill of the waiting requests now.
-
-        Every prefill costs the running rows a model call's fixed overhead, so waiting
-        requests are gathered until there are an eighth of `max_num_seqs` of them, the
-        batch runs low, or they have waited `_MAX_WAIT_STEPS` decode steps. (Admitting as
-        soon as one slot frees, under a steady stream of agent turns, prefills one
-        request per decode step and nearly halves throughput.)
-        """
-        waiting = sum(request.n for request in self._held if request.adapter == adapter)
-        if not waiting:
-            return False
-        self._waited_steps += 1
-        return (
-            waiting >= max(1, self.max_num_seqs // 8)
-            or running < self.max_num_seqs // 4
-            or self._waited_steps > _MAX_WAIT_STEPS
-        )
-
-    def _prefill(self, requests: list[_Request]) -> _Batch | None:
-        """The requests' prompts run as one batch; None when every request failed alone."""
-        from transformers import DynamicCache
-
-        rows: list[_Row] = []
-        for request in requests:
-            try:
-                rows += self._rows(request)
-            except Exception as error:  # this request's settings, not its neighbours'
-                request.fail(error)
-        if not rows:
-            return None
-        device = next(self.model.parameters()).device
-        longest = max(len(row.request.prompt_ids) for row in rows)
-        input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids = row.request.prompt_ids
-            input_ids[i, longest - len(ids) :] = torch.tensor(ids)
-            attention[i, longest - len(ids) :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            # An index tensor, not the int 1: the int slices a strided view of the hidden
-            # states, and torch's matmul of such a view with a weight that does not require
-            # grad (any PEFT-wrapped model) expands the whole LM head per row: 3x slower.
-            logits_to_keep=torch.tensor([longest - 1], device=device),
-        )
-        return _Batch(
-            rows, cache, attention, positions[:, -1:] + 1, output.logits[:, -1, :].float()
-        )
-
-    def _rows(self, request: _Request) -> list[_Row]:
-        request.samples = [Sample() for _ in range(request.n)]
-        request.unfinished = request.n
-        rows = []
-        for index, sample in enumerate(request.samples):
-            generator = None
-            if request.params.seed is not None:
-                generator = torch.Generator().manual_seed(request.params.seed + index)
-            grammar = request.params.grammar
-            matcher = grammar.matcher() if grammar is not None else None
-            rows.append(_Row(request, index, sample, generator, matcher))
-        return rows
-
-    def _join(self, running: _Batch | None, new: _Batch | None) -> _Batch | None:
-        """One batch of both: the shorter cache is left-padded (masked) to the longer."""
-        if new is None:
-            return running
-        if running is None or not running.rows:
-            return new
-        length = max(running.attention.shape[1], new.attention.shape[1])
-        for old_layer, new_layer in zip(running.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat(
-                [_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)]
-            )
-            old_layer.values = torch.cat(
-                [_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)]
-            )
-        attention = torch.cat(
-            [_left_pad(running.attention, length, dim=1), _left_pad(new.attention, length, dim=1)]
-        )
-        return _Batch(
-            running.rows + new.rows,
-            running.cache,
-            attention,
-            torch.cat([running.next_position, new.next_position]),
-            torch.cat([running.logits, new.logits]),
-        )
-
-    def _step(self, batch: _Batch) -> _Batch:
-        """Sample one token for every row, retire finished rows, and run the model once."""
-        batch = self._keep(batch, [i for i, row in enumerate(batch.rows) if not row.request.ended])
-        if not batch.rows:
-            return batch
-        logits = batch.logits
-        constrained = [i for i, row in enumerate(batch.rows) if row.matcher is not None]
-        tokens = self._sample(self._constrain(logits, batch.rows, constrained), batch.rows)
-        # The logprobs returned for training are under the model's own temperature-1
-        # distribution, unmasked: the one the trainer recomputes for the importance ratio.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        token_list = tokens.tolist()
-        for i, row in enumerate(batch.rows):
-            try:
-                self._advance(row, token_list[i], chosen[i], logprobs[i])
-            except Exception as error:  # this row's grammar or callback: it ends alone
-                row.request.fail(error)
-        keep = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
-        if len(keep) < len(batch.rows):
-            tokens = tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)]
-            batch = self._keep(batch, keep)
-        if not batch.rows:
-            return batch
-        attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], dim=1)
-        output = self.model(
-            input_ids=tokens[:, None],
-            attention_mask=attention,
-            position_ids=batch.next_position,
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
-        return _Batch(
-            batch.rows,
-            batch.cache,
-            attention,
-            batch.next_position + 1,
-            output.logits[:, -1, :].float(),
-        )
-
-    def _advance(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
-        """Give `row` its sampled token; answer its request once all its rows are done."""
-        if row.matcher is not None and not row.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar rejected its own token: {row.matcher.get_error()}")
-        self._append(row, token, logprob, logprobs)
-        if row.request.on_token is not None:
-            row.request.on_token(row.index, token)
-        if row.done:
-            row.request.unfinished -= 1
-            if row.request.unfinished == 0:
-                _settle(row.request.future, result=row.request.samples)
-
-    def _keep(self, batch: _Batch, keep: list[int]) -> _Batch:
-        """The batch of rows `keep` only (their cache, mask, positions and logits)."""
-        if len(keep) == len(batch.rows):
-            return batch
-        index = torch.tensor(keep, dtype=torch.long, device=batch.logits.device)
-        if keep:  # an emptied batch is dropped whole, cache included
-            batch.cache.batch_select_indices(index)
-        return _Batch(
-            [batch.rows[i] for i in keep],
-            batch.cache,
-            batch.attention[index],
-            batch.next_position[index],
-            batch.logits[index],
-        )
-
-    def _constrain(
-        self, logits: torch.Tensor, rows: list[_Row], constrained: list[int]
-    ) -> torch.Tensor:
-        """The logits to sample from: the constrained rows' disallowed tokens at -inf."""
-        if not constrained:
-            return logits
-        matchers = [rows[i].matcher for i in constrained]
-        allowed = self.grammars.allowed_tokens(matchers, logits.shape[1]).to(logits.device)
-        index = torch.tensor(constrained, device=logits.device)
-        masked = logits.clone()
-        masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
-        return masked
-
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
-        device = logits.device
-        temperatures = torch.tensor([row.request.params.temperature for row in rows], device=device)
-        greedy = temperatures == 0
-        probs = torch.softmax(logits / temperatures.clamp(min=1e-5)[:, None], dim=-1)
-        top_p = torch.tensor([row.request.params.top_p for row in rows], device=device)
-        if bool((top_p < 1).any()):
-            # Nucleus sampling (Holtzman et al., 2019): keep the smallest set of tokens
-            # whose probability reaches top_p, always at least the most likely one.
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            before = sorted_probs.cumsum(-1) - sorted_probs
-            sorted_probs[before >= top_p[:, None]] = 0
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
-        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
-        unseeded = [i for i, row in enumerate(rows) if row.generator is None]
-        if unseeded:
-            index = torch.tensor(unseeded, device=device)
-            tokens[index] = torch.multinomial(probs[index], 1).squeeze(1)
-        for i, row in enumerate(rows):
-            if row.generator is not None:
-                tokens[i] = torch.multinomial(probs[i].cpu(), 1, generator=row.generator)[0]
-        if bool(greedy.any()):
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
-        return tokens
-
-    def _append(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
-        params, sample = row.request.params, row.sample
-        sample.token_ids.append(token)
-        sample.logprobs.append(logprob)
-        if params.top_logprobs:
-            values, ids = logprobs.topk(params.top_logprobs)
-            sample.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
-        if token in self.stop_token_ids:
-            sample.finish_reason, row.done = "stop", True
-        elif params.stop:
-            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            hits = [text.find(stop) for stop in params.stop if stop in text]
-            if hits:
-                sample.text = text[: min(hits)]
-                sample.finish_reason, row.done = "stop", True
-                return
-        if not row.done and len(sample.token_ids) >= params.max_tokens:
-            sample.finish_reason, row.done = "length", True
-        if row.done:
-            sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+    def close(self) -> None: ...
 
 
-def _settle(
-    future: concurrent.futures.Future[list[Sample]],
-    *,
-    result: list[Sample] | None = None,
-    error: BaseException | None = None,
-) -> None:
-    """Answer `future` unless it is already done; a caller may cancel at any moment."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        elif result is not None:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass  # cancelled (its caller went away) or already failed: nobody is waiting
+def choose_engine(config: dev.InternalModelConfig) -> EngineName:
+    """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here."""
+    if config.engine is not None:
+        return config.engine
+    from .vllm_server import find_vllm_python
+
+    if find_vllm_python() is None:
+        return "transformers"
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "transformers"
 
 
-def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    # F.pad lists (left, right) pairs from the last dimension backwards.
-    padding = [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0]
-    return F.pad(tensor, padding)
+def text_until_stop(text: str, stop: tuple[str, ...]) -> str | None:
+    """`text` cut before the earliest stop string in it; None if it holds none."""
+    hits = [text.find(s) for s in stop if s in text]
+    return text[: min(hits)] if hits else None
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+__all__ = [
+    "Engine",
+    "EngineName",
+    "EngineUnavailable",
+    "OnToken",
+    "Sample",
+    "SamplingParams",
+    "choose_engine",
+    "text_until_stop",
+]

@@ -150,9 +150,9 @@ def _native_cpu_bf16() -> bool:
 
 
 def load(
-    resolved: ResolvedModel, dtype: str = "auto"
+    resolved: ResolvedModel, dtype: str = "auto", device: str = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the base weights and tokenizer of `resolved` (no adapter)."""
+    """Load the base weights and tokenizer of `resolved` (no adapter) onto `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
@@ -168,6 +168,8 @@ def load(
             "directory, or a hub name reachable from this machine",
         ) from error
     model.eval()  # type: ignore[no-untyped-call]
+    if device != "cpu":
+        torch.nn.Module.to(model, device)  # transformers types `to` as a dtype-only call
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_format import parse_tool_calls
-from .engine import Sample, SamplingParams, TransformersEngine
+from .engine import Engine, Sample, SamplingParams
 from .openai_request import ChatCompletionRequest
 
 logger = logging.getLogger("art.endpoint")
@@ -28,7 +28,7 @@ logger = logging.getLogger("art.endpoint")
 class Route:
     """Where a `model` name is served: an engine, and the adapter to use (None: the base)."""
 
-    engine: TransformersEngine
+    engine: Engine
     tokenizer: Any
     chat_template: str | None
     adapter: str | None

@@ -25,11 +25,13 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...core import dev
+from ...core.errors import ConfigError
 from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
@@ -37,7 +39,7 @@ from ...core.validation import check_trainable
 from . import models
 from .chat_format import tool_template_for
 from .config_support import check_supported
-from .engine import TransformersEngine
+from .engine import Engine, EngineName, choose_engine
 from .openai_server import Route, build_app
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
@@ -52,13 +54,21 @@ class _Base:
     tokenizer: Any
     chat_template: str | None
     context_length: int
-    lock: threading.Lock
-    engine: TransformersEngine | None = None
+    lock: threading.Lock  # the training model's
+    engine_name: EngineName
+    engine: Engine | None = None
     checkpoints: OrderedDict[str, Path] = field(default_factory=OrderedDict)
+    checkpoints_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def exclusive(self) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
         """Sole use of the model: the engine stops admitting requests and drains first."""
-        return self.engine.paused() if self.engine is not None else self.lock
+        with contextlib.ExitStack() as stack:
+            if self.engine is not None:
+                stack.enter_context(self.engine.paused())
+            if self.engine is None or not self.engine.serves_training_weights:
+                stack.enter_context(self.lock)  # the engine's pause did not take it
+            yield
 
     def select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         if adapter is None:
@@ -137,13 +147,33 @@ class ModelService:
             if trained is None:
                 return
             base = trained.base
-            with base.exclusive():  # in-flight requests finish first
-                for adapter in [
-                    a for a in base.checkpoints if a.startswith(f"{trained.adapter}_step")
-                ]:
+            assert base.engine is not None
+            with base.checkpoints_lock:
+                served = [a for a in base.checkpoints if a.startswith(f"{trained.adapter}_step")]
+                for adapter in served:
                     del base.checkpoints[adapter]
-                    base.model.delete_adapter(adapter)
+            for adapter in served:  # each waits for its in-flight requests
+                base.engine.unload_adapter(adapter)
+            with base.exclusive():
                 base.model.delete_adapter(trained.adapter)
+
+    def forget_deleted_checkpoints(self, project: str, name: str) -> None:
+        """Stop serving checkpoints of a model whose directories were deleted."""
+        trained = self._models.get(f"{project}/{name}")
+        if trained is None:
+            return
+        base = trained.base
+        assert base.engine is not None
+        with base.checkpoints_lock:
+            gone = [
+                adapter
+                for adapter, directory in base.checkpoints.items()
+                if adapter.startswith(f"{trained.adapter}_step") and not directory.exists()
+            ]
+            for adapter in gone:
+                del base.checkpoints[adapter]
+        for adapter in gone:
+            base.engine.unload_adapter(adapter)
 
     def close(self) -> None:
         if self._server is not None:
@@ -156,9 +186,14 @@ class ModelService:
         from .trainer import PeftTrainer, add_adapter
 
         config = dev.InternalModelConfig(**(record.get("internal_config") or {}))
-        check_supported(config)
+        engine_name = choose_engine(config)
+        check_supported(config, engine_name)
+        if engine_name == "vllm":
+            from .vllm_server import require_vllm_python
+
+            require_vllm_python()  # before minutes of loading: say how to install it
         resolved = models.resolve(record["base_model"])
-        base = self._load_base(resolved, config)
+        base = self._load_base(resolved, config, engine_name)
         store = ModelStore(self.path, record["project"], record["name"])
         step = store.step()
         start_from = (
@@ -184,20 +219,56 @@ class ModelService:
             if not store.checkpoint_steps():
                 replace_dir_atomic(store.checkpoint_dir(0), trained.save)
         if base.engine is None:
-            base.engine = TransformersEngine(
-                base.model,
-                base.tokenizer,
-                max_num_seqs=config.engine_args.max_num_seqs,
-                model_lock=base.lock,
-                select_adapter=base.select_adapter,
-                stop_token_ids=_stop_token_ids(base.model, base.tokenizer),
-            )
+            base.engine = self._start_engine(base, resolved, config)
+        if not base.engine.serves_training_weights:
+            self._checkpoint_adapter(trained, store.step())  # published before it is routed
         return trained
 
-    def _load_base(self, resolved: models.ResolvedModel, config: dev.InternalModelConfig) -> _Base:
+    def _start_engine(
+        self, base: _Base, resolved: models.ResolvedModel, config: dev.InternalModelConfig
+    ) -> Engine:
+        stop_token_ids = _stop_token_ids(base.model, base.tokenizer)
+        if base.engine_name == "vllm":
+            from .vllm_engine import start_vllm_engine
+
+            return start_vllm_engine(
+                resolved,
+                base.tokenizer,
+                config,
+                dtype=str(base.model.dtype).removeprefix("torch."),
+                context_length=base.context_length,
+                stop_token_ids=stop_token_ids,
+                log_path=Path(self.path) / "logs" / f"vllm-{len(self._bases)}.log",
+                max_loras=_SERVED_CHECKPOINTS + 1,  # one more is loaded before the oldest goes
+            )
+        from .transformers_engine import TransformersEngine
+
+        return TransformersEngine(
+            base.model,
+            base.tokenizer,
+            max_num_seqs=config.engine_args.max_num_seqs,
+            model_lock=base.lock,
+            select_adapter=base.select_adapter,
+            stop_token_ids=stop_token_ids,
+        )
+
+    def _load_base(
+        self,
+        resolved: models.ResolvedModel,
+        config: dev.InternalModelConfig,
+        engine_name: EngineName,
+    ) -> _Base:
         if resolved.weights in self._bases:
-            return self._bases[resolved.weights]
-        model, tokenizer = models.load(resolved, config.init_args.dtype)
+            base = self._bases[resolved.weights]
+            if base.engine_name != engine_name:
+                raise ConfigError(
+                    "_internal_config.engine",
+                    f"{resolved.name!r} is already served by the {base.engine_name} engine in "
+                    f"this backend, and models of one base share their engine",
+                    f"Use engine={base.engine_name!r} for this model too, or another LocalBackend path",
+                )
+            return base
+        model, tokenizer = models.load(resolved, config.init_args.dtype, _training_device(config))
         context = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
         context = min(context, config.engine_args.max_model_len or context)
         base = _Base(
@@ -207,6 +278,7 @@ class ModelService:
             chat_template=tool_template_for(tokenizer),
             context_length=context,
             lock=threading.Lock(),
+            engine_name=engine_name,
         )
         self._bases[resolved.weights] = base
         return base
@@ -256,6 +328,9 @@ class ModelService:
             )
             step = trained.store.step() + 1
             replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
+        assert base.engine is not None
+        if not base.engine.serves_training_weights:
+            self._checkpoint_adapter(trained, step)  # served before the next rollouts
         return metrics
 
     # --- routing ----------------------------------------------------------------------------
@@ -270,8 +345,12 @@ class ModelService:
                 f"unknown model {model!r}; this endpoint serves {', '.join(self.model_names())}"
             )
         step = int(step_text) if step_text.isdigit() else None
-        if not step_text or step == trained.store.step():
-            return self._route(trained.base, trained.adapter)
+        assert trained.base.engine is not None
+        if trained.base.engine.serves_training_weights:
+            if not step_text or step == trained.store.step():
+                return self._route(trained.base, trained.adapter)
+        elif not step_text:  # an engine with its own weights serves the latest checkpoint
+            step_text, step = "latest", trained.store.step()
         if step is None or step not in trained.store.checkpoint_steps():
             steps = ", ".join(str(s) for s in trained.store.checkpoint_steps())
             raise KeyError(
@@ -304,17 +383,22 @@ class ModelService:
         return (matches[0] if matches else None), step_text
 
     def _checkpoint_adapter(self, trained: _Trained, step: int) -> str:
+        """The adapter serving checkpoint `step`, loaded into the engine if it is not yet."""
         base = trained.base
+        assert base.engine is not None
         adapter = f"{trained.adapter}_step{step}"
-        with base.exclusive():
+        evicted: list[str] = []
+        with base.checkpoints_lock:
             if adapter in base.checkpoints:
                 base.checkpoints.move_to_end(adapter)
                 return adapter
-            base.model.load_adapter(str(trained.store.checkpoint_dir(step)), adapter_name=adapter)
-            base.checkpoints[adapter] = trained.store.checkpoint_dir(step)
+            directory = trained.store.checkpoint_dir(step)
+            base.engine.load_adapter(adapter, directory)
+            base.checkpoints[adapter] = directory
             while len(base.checkpoints) > _SERVED_CHECKPOINTS:
-                oldest, _ = base.checkpoints.popitem(last=False)
-                base.model.delete_adapter(oldest)
+                evicted.append(base.checkpoints.popitem(last=False)[0])
+        for oldest in evicted:  # each waits for the requests still sampling with it
+            base.engine.unload_adapter(oldest)
         return adapter
 
     def _route(self, base: _Base, adapter: str | None) -> Route:
@@ -353,6 +437,15 @@ def served_name(project: str, name: str) -> str:
 def _adapter_name(model_name: str, index: int) -> str:
     # PEFT keeps adapters in a ModuleDict, whose keys cannot contain '.'.
     return f"m{index}_{re.sub(r'[^A-Za-z0-9_]', '_', model_name)}"
+
+
+def _training_device(config: dev.InternalModelConfig) -> str:
+    """Where the training model lives: the trainer's GPU in dedicated mode, else the first."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{config.trainer_gpu_ids[0]}" if config.trainer_gpu_ids else "cuda"
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

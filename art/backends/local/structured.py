@@ -54,6 +54,7 @@ class Grammar:
 
     key: str
     template: llguidance.LLMatcher
+    source: str  # llguidance's grammar text: what an engine with its own matcher compiles
 
     def matcher(self) -> llguidance.LLMatcher:
         return self.template.deep_copy()
@@ -78,11 +79,11 @@ class Grammars:
 
     def json_schema(self, schema: dict[str, Any], *, strict: bool = True) -> Grammar:
         """JSON valid under `schema`. Not `strict`: keywords llguidance lacks are ignored."""
-        options: JsonCompileOptions = {**_JSON_STYLE, "lenient": not strict}
+        # Lark text, not llguidance's JSON form: vLLM's guidance backend reads this form.
+        style = {**schema, "x-guidance": {**_JSON_STYLE, "lenient": not strict}}
+        lark = f"start: %json {json.dumps(style)}"
         key = json.dumps(["json_schema", schema, strict], sort_keys=True)
-        return self._compile(
-            key, lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
-        )
+        return self._compile(key, lambda: llguidance.LLMatcher.grammar_from_lark(lark))
 
     def json_object(self) -> Grammar:
         """Any JSON object."""
@@ -130,13 +131,13 @@ class Grammars:
             tokenizer = self._ensure_tokenizer()
         try:
             text = build()
-        except ValueError as error:  # a schema that is not a JSON object
+        except (TypeError, ValueError) as error:  # a schema that is not a JSON object
             raise GrammarError(str(error)) from error
         # Compiling drops the GIL; other requests keep being served meanwhile.
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        grammar = Grammar(key, matcher)
+        grammar = Grammar(key, matcher, text)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > self._capacity:
