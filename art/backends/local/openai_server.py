@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat_format import render_prompt
-from .engine import Sample, SamplingParams
+from .engine import EngineUnavailable, Sample, SamplingParams
 from .openai_request import (
     BODY_BYTES_PER_TOKEN,
     MIN_BODY_BYTES,
@@ -78,6 +78,11 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
         refused = validation_error(error.errors())
         log_rejected(request, refused.status, refused.message)
         return refused.response()
+
+    @app.exception_handler(EngineUnavailable)
+    async def _unavailable(request: Request, error: EngineUnavailable) -> JSONResponse:
+        log_rejected(request, 503, str(error))
+        return ApiError(503, str(error), code="engine_unavailable").response()
 
     @app.exception_handler(_ClientGone)
     async def _gone(request: Request, error: _ClientGone) -> Response:
