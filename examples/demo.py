@@ -7,7 +7,10 @@ learn from the first step. Held-out questions are answered greedily before and a
 training, and a plot of reward per step is written beside the run. A second start
 resumes the run from its last checkpoint; `--fresh` deletes it and starts over.
 
-    python examples/demo.py [--steps 16] [--path .art] [--fresh]
+    python examples/demo.py [--steps 16] [--path .art] [--fresh] [--engine vllm]
+
+`--engine` (or `ART_ENGINE`) picks the inference engine: `transformers` (the CPU default)
+or `vllm` (vLLM from `.venv-vllm`: `ART_ENGINE=vllm make demo` builds it first).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import shutil
@@ -101,15 +105,25 @@ def plot(history_path: Path, start: int, before: float, after: float, target: Pa
     figure.savefig(target, dpi=120)
 
 
-async def main(steps: int, path: str, learning_rate: float, fresh: bool) -> None:
+async def main(
+    steps: int, path: str, learning_rate: float, fresh: bool, engine: str | None
+) -> None:
     started = time.monotonic()
     run_dir = Path(path) / "art-demo" / "models" / "arithmetic"
     if fresh and run_dir.exists():
         print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
         shutil.rmtree(run_dir)
     backend = LocalBackend(path=path)
-    model = art.TrainableModel(name="arithmetic", project="art-demo", base_model=BASE_MODEL)
-    print(f"loading {BASE_MODEL} (the first run converts the embedded GGUF, ~30 s)")
+    model = art.TrainableModel(
+        name="arithmetic",
+        project="art-demo",
+        base_model=BASE_MODEL,
+        _internal_config=art.dev.InternalModelConfig(engine=engine),  # type: ignore[arg-type]
+    )
+    print(
+        f"loading {BASE_MODEL} on the {engine or 'default'} engine "
+        "(the first run converts the embedded GGUF, ~30 s)"
+    )
     await model.register(backend)
     start = await model.get_step()
     if start:
@@ -153,5 +167,19 @@ if __name__ == "__main__":
     parser.add_argument(
         "--fresh", action="store_true", help="delete the previous run and start over"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["transformers", "vllm"],
+        default=os.environ.get("ART_ENGINE") or None,
+        help="inference engine (default: $ART_ENGINE, else vLLM on CUDA, else transformers)",
+    )
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.steps, arguments.path, arguments.learning_rate, arguments.fresh))
+    asyncio.run(
+        main(
+            arguments.steps,
+            arguments.path,
+            arguments.learning_rate,
+            arguments.fresh,
+            arguments.engine,
+        )
+    )

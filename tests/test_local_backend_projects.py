@@ -207,6 +207,12 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
             "trainer_gpu_ids",
             "dedicated mode",
         ),
+        (
+            art.dev.InternalModelConfig(engine="vllm", trainer_gpu_ids=[0], inference_gpu_ids=[1]),
+            "trainer_gpu_ids",
+            "this machine has none",
+        ),
+        (art.dev.InternalModelConfig(trainer="unsloth"), "trainer", "trains with PEFT"),
     ],
 )
 async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(

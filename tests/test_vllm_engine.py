@@ -307,6 +307,19 @@ async def test_a_killed_vllm_server_is_reported_and_restarted(
     assert extra(answer.choices[0])["token_ids"]
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_asking_for_vllm_without_it_says_how_to_install_it(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ART_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    model = art.TrainableModel(
+        name="missing", project="vllm", base_model=BASE, _internal_config=CONFIG
+    )
+    with pytest.raises(art.ConfigError, match="ART_VLLM_PYTHON") as raised:
+        await model.register(backend)
+    assert raised.value.field == "_internal_config.engine"
+
+
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="sleep/wake and dedicated mode need CUDA GPUs; this machine has none",
