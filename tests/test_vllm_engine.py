@@ -276,6 +276,28 @@ async def test_vllm_logprobs_agree_with_the_trainers_and_a_step_changes_what_is_
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_deleted_checkpoints_are_unloaded_from_vllm(
+    backend: LocalBackend, model: art.TrainableModel
+) -> None:
+    client = model.openai_client()
+    name = model.get_inference_name()
+    answer = await client.chat.completions.create(
+        model=f"{name}@0", messages=ask("Hi"), max_tokens=4
+    )
+    assert extra(answer.choices[0])["token_ids"]
+    service: Any = backend._service
+    (base,) = service._bases.values()
+    assert any(adapter.endswith("_step0") for adapter in base.engine._adapters)
+
+    trajectory = art.Trajectory(messages_and_choices=[*ask("Hi"), answer.choices[0]], reward=1)
+    await model.log([art.TrajectoryGroup([trajectory])], split="val")
+    assert await model.delete_checkpoints("val/reward") == [0]
+    assert not any(adapter.endswith("_step0") for adapter in base.engine._adapters)
+    with pytest.raises(APIStatusError, match="has no checkpoint"):
+        await client.chat.completions.create(model=f"{name}@0", messages=ask("Hi"), max_tokens=4)
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_killed_vllm_server_is_reported_and_restarted(
     backend: LocalBackend, model: art.TrainableModel
 ) -> None:

@@ -155,9 +155,14 @@ class LocalBackend:
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         store = self._store(model)
         async with self._lock(model):
-            return await asyncio.to_thread(
+            deleted = await asyncio.to_thread(
                 store.delete_checkpoints_but_best, best_checkpoint_metric
             )
+            if deleted and self._service is not None:  # an engine may still hold them
+                await asyncio.to_thread(
+                    self._service.forget_deleted_checkpoints, model.project, model.name
+                )
+            return deleted
 
     async def close(self) -> None:
         """Stop the model service (and its process); stored files stay."""

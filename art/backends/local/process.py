@@ -116,6 +116,9 @@ class ServiceProcess:
         )
         return result
 
+    def forget_deleted_checkpoints(self, project: str, name: str) -> None:
+        self._call("forget_deleted_checkpoints", project, name)
+
     def close(self) -> None:
         if self._process.poll() is None:
             with contextlib.suppress(BackendError):  # it may already be exiting

@@ -165,6 +165,9 @@ def build_server_app(
                         "steps", f"step {latest} is the latest checkpoint", "Keep the latest step"
                     )
                 deleted = store.delete_checkpoints(keep=existing - wanted)
+                if deleted:  # an engine may still hold them
+                    project, _, name = model_id.partition("~")
+                    server.service.forget_deleted_checkpoints(project, name)
                 return deleted, sorted(wanted - existing)
 
         deleted, missing = await asyncio.to_thread(delete)
