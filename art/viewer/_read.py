@@ -50,12 +50,15 @@ def locate(path: str | os.PathLike[str], project: str | None = None) -> RunLocat
     if not root.is_dir():
         raise ConfigError("path", f"{given} is not a directory", _PATH_FIX)
     projects = [name for name in list_projects(root) if list_models(root, name)]
-    if project is None and not projects:
-        if list_models(root.parent, root.name):
-            return RunLocation(root.parent, root.name)  # a project's directory
-        model_dir = len(root.parents) > 2 and root.parent.name == "models"
-        if model_dir and list_models(root.parents[2], root.parents[1].name):
-            return RunLocation(root.parents[2], root.parents[1].name)  # one model's directory
+    inside = None if projects else _enclosing_project(root)
+    if inside is not None:
+        if project is not None and project != inside.project:
+            raise ConfigError(
+                "project",
+                f"{root} is a run of project {inside.project!r}, not {project!r}",
+                "Leave --project out, or pass the path that holds that project",
+            )
+        return inside
     if project is not None:
         if project not in projects:
             known = ", ".join(projects) or "none"
@@ -74,6 +77,17 @@ def locate(path: str | os.PathLike[str], project: str | None = None) -> RunLocat
             "Pick one with --project NAME (project=... in Python)",
         )
     return RunLocation(root, projects[0])
+
+
+def _enclosing_project(root: Path) -> RunLocation | None:
+    """The project `root` is the directory of, or holds a model directory of."""
+    if list_models(root.parent, root.name):
+        return RunLocation(root.parent, root.name)
+    if len(root.parents) > 2 and root.parent.name == "models":
+        base, project = root.parents[2], root.parents[1].name
+        if list_models(base, project):
+            return RunLocation(base, project)
+    return None
 
 
 def metric_order(names: set[str]) -> list[str]:
@@ -138,26 +152,25 @@ def _call(call: object) -> dict[str, Any]:
 
 
 def _message(item: MessageOrChoice) -> dict[str, Any]:
+    """role and content always; `calls`, `call_id`, `name`, `trainable` (a sampled turn)
+    and `finish` only where they apply, which keeps a page of thousands of messages small."""
     if isinstance(item, Choice):
-        calls = item.message.tool_calls or []
-        return {
+        row: dict[str, Any] = {
             "role": "assistant",
             "content": item.message.content,
-            "calls": [_call(call) for call in calls],
             "trainable": True,
             "finish": item.finish_reason,
         }
-    message: dict[str, Any] = dict(item)
-    row: dict[str, Any] = {
-        "role": message.get("role"),
-        "content": _text(message.get("content")),
-        "calls": [_call(call) for call in message.get("tool_calls") or []],
-        "trainable": False,
-    }
-    if message.get("tool_call_id") is not None:
-        row["call_id"] = message["tool_call_id"]
-    if message.get("name") is not None:
-        row["name"] = message["name"]
+        calls: list[Any] = list(item.message.tool_calls or [])
+    else:
+        message: dict[str, Any] = dict(item)
+        row = {"role": message.get("role"), "content": _text(message.get("content"))}
+        calls = list(message.get("tool_calls") or [])
+        for key, field in (("tool_call_id", "call_id"), ("name", "name")):
+            if message.get(key) is not None:
+                row[field] = message[key]
+    if calls:
+        row["calls"] = [_call(call) for call in calls]
     return row
 
 

@@ -99,6 +99,8 @@ function readHash() {
   if (params.has("step")) state.step = Number(params.get("step"));
   if (params.has("group")) state.group = Number(params.get("group"));
   state.failedOnly = params.get("failed") === "1";
+  // a and b: the trajectories shown in the left and right panes (default: best and worst)
+  state.panes = ["a", "b"].map((key) => (params.has(key) ? Number(params.get(key)) : null));
 }
 
 function writeHash() {
@@ -109,6 +111,7 @@ function writeHash() {
   if (state.step !== null) params.set("step", String(state.step));
   params.set("group", String(state.group));
   if (state.failedOnly) params.set("failed", "1");
+  state.panes.forEach((index, side) => { if (index !== null) params.set(side ? "b" : "a", String(index)); });
   history.replaceState(null, "", "#" + params.toString());
 }
 
@@ -328,7 +331,8 @@ function renderStep() {
 function renderGroup(group) {
   const order = group.trajectories.map((t, i) => i).sort((a, b) => group.trajectories[b].reward - group.trajectories[a].reward);
   const defaults = [order[0], order.length > 1 ? order[order.length - 1] : null];
-  const panes = state.panes.map((chosen, i) => (chosen === null ? defaults[i] : chosen));
+  const panes = state.panes.map((chosen, i) =>
+    (chosen !== null && chosen >= 0 && chosen < group.trajectories.length ? chosen : defaults[i]));
   const title = h("h3", {}, `Group #${group.index}`, h("span", { class: "muted" },
     ` · ${group.trajectories.length} trajectories, ${group.exceptions.length} failed`));
   const failures = group.exceptions.length ? h("div", { class: "failures" },
@@ -345,7 +349,7 @@ function renderGroup(group) {
 function pane(group, order, index, side, defaults) {
   const trajectory = group.trajectories[index];
   const label = (i) => (i === order[0] ? "best" : i === order[order.length - 1] ? "worst" : "");
-  const picker = h("select", { onchange: (event) => { state.panes[side] = Number(event.target.value); renderStep(); } },
+  const picker = h("select", { onchange: (event) => { state.panes[side] = Number(event.target.value); renderStep(); writeHash(); } },
     order.map((i) => h("option", { value: i, selected: i === index },
       `#${i} reward ${fmt(group.trajectories[i].reward)} ${label(i)}`)));
   const heading = index === defaults[0] && side === 0 ? "Best" : index === defaults[1] && side === 1 ? "Worst" : `Trajectory #${index}`;
@@ -368,7 +372,7 @@ function logs(lines) {
 
 function conversation(item) {
   const names = {};
-  for (const message of item.messages) for (const call of message.calls) if (call.id) names[call.id] = call.name;
+  for (const message of item.messages) for (const call of message.calls || []) if (call.id) names[call.id] = call.name;
   const tools = item.tools === null ? null : DATA.tools[item.tools];
   return h("div", { class: "messages" },
     tools ? h("details", { class: "tools" },
@@ -380,7 +384,7 @@ function conversation(item) {
         message.finish === "length" ? h("span", { class: "badge warn" }, "cut at max_tokens") : null,
         message.role === "tool" && message.call_id ? h("span", { class: "muted plain" }, ` result of ${names[message.call_id] || "call"} (${message.call_id})`) : null),
       message.content ? h("div", { class: "content" }, message.content) : null,
-      message.calls.map((call) => h("div", { class: "call" }, "→ ", h("b", {}, call.name), "(", call.arguments, ")",
+      (message.calls || []).map((call) => h("div", { class: "call" }, "→ ", h("b", {}, call.name), "(", call.arguments, ")",
         call.id ? h("span", { class: "muted" }, ` ${call.id}`) : null)))));
 }
 

@@ -1,0 +1,375 @@
+"""The local run viewer (`art show`): pages built from real runs, opened in headless Chromium.
+
+The two-step run is real: the default model on a LocalBackend makes forced tool calls,
+one rollout per step raises in its tool (an unreachable weather service), a stand-in judge on 127.0.0.1 scores each group
+through the real RULER code (which writes the explanations), and `model.train` takes two
+GRPO steps. The page is opened in Debian's `chromium` (`make test` installs it where it
+can); without it the browser checks skip and say why. Screenshots are kept in
+`.art/screens/` at the repository root, and their paths printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from helpers import WEATHER_TOOL, JsonHandler, serving, tool_trajectory
+
+import art
+from art.cli import main
+from art.core.storage import ModelStore
+from art.local import LocalBackend
+from art.rewards import ruler_score_group
+from art.viewer import write_page
+
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+REPO = Path(__file__).resolve().parent.parent
+SCREENS = REPO / ".art" / "screens"
+WEATHER = {"Paris": "sunny, 21C", "Oslo": "snow, -3C"}
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip(
+            "no chromium on PATH: the viewer's browser checks need Debian's `chromium` "
+            "(make test installs it with apt-get when run as root)"
+        )
+    return found
+
+
+def browse(page: Path, profile: Path, fragment: str = "") -> tuple[str, list[str]]:
+    """The DOM after the page's script ran, without the script elements (which hold the
+    whole run as JSON), and every console line the page produced."""
+    result = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri() + fragment,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    return re.sub(r"<script\b.*?</script>", "", result.stdout, flags=re.S), console
+
+
+def screenshot(page: Path, profile: Path, name: str, fragment: str = "") -> Path:
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    target = SCREENS / name
+    target.unlink(missing_ok=True)
+    subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            "--hide-scrollbars",
+            "--virtual-time-budget=10000",
+            f"--screenshot={target}",
+            "--window-size=1400,1800",
+            page.as_uri() + fragment,
+        ],
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
+    print(f"viewer screenshot: {target}")
+    return target
+
+
+def count(dom: str, css_class: str) -> int:
+    """Elements whose class attribute contains `css_class` as a whole word."""
+    return len(re.findall(rf'class="(?:[^"]* )?{re.escape(css_class)}(?: [^"]*)?"', dom))
+
+
+# --- a real two-step run --------------------------------------------------------------------
+
+
+class _StandInJudge(JsonHandler):
+    """An OpenAI-compatible judge that answers RULER's prompt with valid scores.
+
+    Longer trajectories score higher, so a group's rollouts get different rewards and
+    each step has something to learn from; the explanation says so.
+    """
+
+    def do_POST(self) -> None:
+        request = self.read_json()
+        prompt = request["messages"][-1]["content"]
+        sections = re.findall(r'<trajectory id="(\d+)">(.*?)</trajectory>', prompt, re.S)
+        longest = max(len(body) for _, body in sections)
+        scores = [
+            {
+                "trajectory_id": trajectory_id,
+                "explanation": f"stand-in judge: {len(body)} characters, longer scores higher",
+                "score": round(len(body) / longest, 4),
+            }
+            for trajectory_id, body in sections
+        ]
+        content = json.dumps({"scores": scores})
+        self.send_json(
+            {
+                "id": "chatcmpl-judge",
+                "object": "chat.completion",
+                "created": 0,
+                "model": request["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": content},
+                    }
+                ],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 30, "total_tokens": 80},
+            }
+        )
+
+
+def weather_service(city: str, attempt: int) -> str:
+    if city == "Oslo" and attempt == 0:
+        raise ConnectionError(f"the weather service did not answer for {city}")
+    return WEATHER[city]
+
+
+async def weather_rollout(model: art.TrainableModel, city: str, attempt: int) -> art.Trajectory:
+    """Ask for the weather, forcing a get_weather call, run the tool, then answer."""
+    client = model.openai_client()
+    trajectory = art.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": "You check the weather with the get_weather tool."},
+            {"role": "user", "content": f"What is the weather in {city}?"},
+        ],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        metadata={"city": city},
+    )
+    first = await client.chat.completions.create(
+        model=model.get_inference_name(),
+        messages=trajectory.messages(),
+        tools=trajectory.tools,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=48,
+    )
+    choice = first.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    weather = weather_service(city, attempt)  # asked whether or not the call parsed
+    for call in choice.message.tool_calls or []:
+        trajectory.messages_and_choices.append(
+            {"role": "tool", "tool_call_id": call.id, "content": weather}
+        )
+    answer = await client.chat.completions.create(
+        model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=12
+    )
+    trajectory.messages_and_choices.append(answer.choices[0])
+    return trajectory
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def trained_run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Path]:
+    """Two GRPO steps of the default model; each step has one failed rollout."""
+    path = tmp_path_factory.mktemp("viewer") / ".art"
+    backend = LocalBackend(path=path, in_process=True)
+    model = art.TrainableModel(name="agent", project="viewer", base_model=BASE)
+    await model.register(backend)
+    with serving(_StandInJudge) as judge_url:
+        judge = {"api_base": judge_url, "api_key": "k"}
+        for _ in range(2):
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(
+                        (weather_rollout(model, city, attempt) for attempt in range(3)),
+                        metadata={"city": city},
+                    )
+                    for city in ("Paris", "Oslo")
+                ),
+                pbar_desc=None,
+                max_exceptions=2,
+                after_each=lambda group: ruler_score_group(
+                    group, "openai/stand-in-judge", judge, cache=False
+                ),
+            )
+            await model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
+    await backend.close()
+    yield path
+
+
+def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    store = ModelStore(trained_run, "viewer", "agent")
+    assert store.step() == 2
+    assert store.logged_steps("train") == [0, 1]
+    page = write_page(trained_run, out=tmp_path / "page.html")
+
+    dom, console = browse(page, tmp_path / "profile")
+    assert console == [], "the page logged to the console (an uncaught error?)"
+    assert 'data-rendered="1"' in dom
+    assert "data-error" not in dom
+    # A curve per metric of history.jsonl, rewards first, each a drawn line over two steps.
+    metrics = re.findall(r'<figure class="chart[^"]*" data-metric="([^"]+)"', dom)
+    points = Counter(
+        key for row in store.read_history() for key in row if key not in ("step", "recorded_at")
+    )
+    assert set(metrics) == set(points)
+    assert metrics[0] == "train/reward"
+    assert {"train/loss", "train/grad_norm", "train/exception_rate"} <= set(metrics)
+    assert points["train/loss"] == 2
+    assert count(dom, "point") == sum(points.values())  # a circle per value
+    assert count(dom, "line") == sum(1 for n in points.values() if n > 1)  # a path per curve
+    # The latest step is shown: its two groups, the best and worst of the first.
+    assert "train step 1: 2 groups, 5 trajectories" in dom
+    assert count(dom, "group-row") == 2
+    assert count(dom, "trajectory") == 2
+    assert "Judge: </b>stand-in judge:" in dom
+
+    # The Oslo group of step 0: its failed rollout with its traceback.
+    groups = store.read_trajectories("train", 0)
+    oslo = next(g for g in groups if g.metadata["city"] == "Oslo")
+    assert len(oslo.exceptions) == 1
+    failed_view = f"#step=0&group={groups.index(oslo)}"
+    dom, console = browse(page, tmp_path / "profile", failed_view)
+    assert console == []
+    assert "Failed rollouts (1)" in dom
+    assert "builtins.ConnectionError" in dom
+    assert "the weather service did not answer for Oslo" in dom
+    assert "Traceback (most recent call last)" in dom
+    shot = screenshot(page, tmp_path / "profile", "viewer-failed-rollout.png", failed_view)
+    assert shot.stat().st_size > 50_000  # a full page of drawn content, not a blank image
+
+    # A trajectory whose forced get_weather call parsed (sampled arguments may run past
+    # max_tokens, leaving text), with the tool's answer, shown in the left pane.
+    called, index = next(
+        (g, i)
+        for g in range(len(groups))
+        for i, trajectory in enumerate(groups[g].trajectories)
+        if any(m["role"] == "tool" for m in trajectory.messages())
+    )
+    fragment = f"#model=agent&split=train&step=0&group={called}&a={index}"
+    dom, console = browse(page, tmp_path / "profile", fragment)
+    assert console == []
+    assert f'<article class="trajectory" data-index="{index}">' in dom
+    assert "→ <b>get_weather</b>" in dom
+    assert "result of get_weather" in dom
+    assert WEATHER[str(groups[called].metadata["city"])] in dom
+    shot = screenshot(page, tmp_path / "profile", "viewer-tool-call.png", fragment)
+    assert shot.stat().st_size > 50_000  # a full page of drawn content, not a blank image
+
+
+def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_a_time(
+    art_path: Path, tmp_path: Path
+) -> None:
+    steps, groups_per_step, group_size = 8, 25, 25  # 5,000 trajectories
+    store = ModelStore(art_path, "big", "agent")
+    for step in range(steps):
+        groups = []
+        for g in range(groups_per_step):
+            trajectories = [
+                tool_trajectory(t / group_size, city=f"city-s{step}-g{g}-t{t}")
+                for t in range(group_size)
+            ]
+            groups.append(art.TrajectoryGroup(trajectories, metadata={"scenario": g}))
+        store.write_trajectories("train", step, groups)
+        store.append_history(step, {"train/reward": 0.48, "train/loss": 1 / (step + 1)})
+    stored = sum(p.stat().st_size for p in (store.dir / "trajectories").rglob("*.parquet"))
+
+    page = write_page(art_path, project="big", out=tmp_path / "big.html")
+    html = page.read_text(encoding="utf-8")
+    # Token logprobs stay in the Parquet files; the page holds what a person reads.
+    assert '"logprob"' not in html
+    per_trajectory = len(html.encode()) / (steps * groups_per_step * group_size)
+    assert per_trajectory < 1500, f"{per_trajectory:.0f} bytes per trajectory"
+    print(f"5000 trajectories: page {len(html) / 1e6:.1f} MB, Parquet logs {stored / 1e6:.1f} MB")
+
+    dom, console = browse(page, tmp_path / "profile")
+    assert console == []
+    assert 'data-rendered="1"' in dom
+    # Only the selected step's groups and the selected group's two panes are in the DOM.
+    assert "train step 7: 25 groups, 625 trajectories" in dom
+    assert count(dom, "group-row") == groups_per_step
+    assert count(dom, "trajectory") == 2
+    assert count(dom, "message") == 2 * 5
+    assert "city-s7-g0-t24" in dom  # the best of the first group of step 7
+    assert "city-s7-g1-" not in dom
+    assert "city-s0-" not in dom
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def test_art_show_writes_the_page_and_opens_it_in_the_users_browser(
+    art_path: Path, tmp_path: Path
+) -> None:
+    store = ModelStore(art_path, "demo", "agent")
+    store.write_trajectories("val", 0, [art.TrajectoryGroup([tool_trajectory(1.0)])])
+    store.append_history(0, {"val/reward": 1.0})
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "art", "show", str(art_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BROWSER": str(browser), "PYTHONPATH": str(REPO)},
+        timeout=120,
+        check=True,
+    )
+    page = art_path / "demo" / "viewer.html"
+    assert result.stdout.strip() == f"art show: wrote {page.resolve()}"
+    assert "get_weather" in page.read_text(encoding="utf-8")
+    for _ in range(600):  # the browser command runs detached; wait for it to have run
+        if opened.exists() and opened.read_text().strip():
+            break
+        time.sleep(0.05)
+    assert opened.read_text().strip() == page.resolve().as_uri()
+
+    out = tmp_path / "elsewhere" / "run.html"
+    assert main(["show", str(art_path / "demo"), "--out", str(out), "--no-open"]) == 0
+    assert "val/reward" in out.read_text(encoding="utf-8")
+
+
+def test_art_show_names_the_path_when_there_is_no_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "nothing-here"
+    empty.mkdir()
+    assert main(["show", str(empty), "--no-open"]) == 2
+    error = capsys.readouterr().err
+    assert f"no run under {empty.resolve()}" in error
+    assert "LocalBackend(path=...)" in error
+    assert main(["show", str(tmp_path / "missing"), "--no-open"]) == 2
+    assert f"{tmp_path / 'missing'} is not a directory" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.html"))
+
+
+def test_art_show_asks_for_a_project_when_there_are_several(
+    art_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for project in ("alpha", "beta"):
+        ModelStore(art_path, project, "agent").append_history(0, {"val/reward": 0.5})
+    assert main(["show", str(art_path), "--no-open"]) == 2
+    assert "holds several projects: alpha, beta" in capsys.readouterr().err
+    assert main(["show", str(art_path), "--project", "gamma", "--no-open"]) == 2
+    assert "no run of project 'gamma'" in capsys.readouterr().err
+    assert main(["show", str(art_path), "--project", "beta", "--no-open"]) == 0
+    assert (art_path / "beta" / "viewer.html").is_file()
