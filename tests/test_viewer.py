@@ -235,7 +235,14 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
     assert points["train/loss"] == 2
     assert count(dom, "point") == sum(points.values())  # a circle per value
     assert count(dom, "line") == sum(1 for n in points.values() if n > 1)  # a path per curve
-    # The latest step is shown: its two groups, the best and worst of the first.
+    assert count(dom, "group-row") == 0  # the browser is another view, not drawn yet
+    screenshot(page, tmp_path / "profile", "viewer-curves.png")
+
+    # The trajectory browser opens on the latest step: its two groups, and the best and
+    # worst of the first side by side.
+    dom, console = browse(page, tmp_path / "profile", "#view=trajectories")
+    assert console == []
+    assert count(dom, "chart") == 0
     assert "train step 1: 2 groups, 5 trajectories" in dom
     assert count(dom, "group-row") == 2
     assert count(dom, "trajectory") == 2
@@ -299,11 +306,12 @@ def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_
     assert per_trajectory < 1500, f"{per_trajectory:.0f} bytes per trajectory"
     print(f"5000 trajectories: page {len(html) / 1e6:.1f} MB, Parquet logs {stored / 1e6:.1f} MB")
 
-    dom, console = browse(page, tmp_path / "profile")
+    dom, console = browse(page, tmp_path / "profile", "#view=trajectories")
     assert console == []
     assert 'data-rendered="1"' in dom
     # Only the selected step's groups and the selected group's two panes are in the DOM.
     assert "train step 7: 25 groups, 625 trajectories" in dom
+    assert count(dom, "chart") == 0
     assert count(dom, "group-row") == groups_per_step
     assert count(dom, "trajectory") == 2
     assert count(dom, "message") == 2 * 5
@@ -373,3 +381,27 @@ def test_art_show_asks_for_a_project_when_there_are_several(
     assert "no run of project 'gamma'" in capsys.readouterr().err
     assert main(["show", str(art_path), "--project", "beta", "--no-open"]) == 0
     assert (art_path / "beta" / "viewer.html").is_file()
+
+
+def test_text_from_the_run_is_shown_as_text_never_run_as_markup(
+    art_path: Path, tmp_path: Path
+) -> None:
+    hostile = '</script><img src=x onerror="document.body.dataset.pwned=1"><!--'
+    trajectory = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": hostile}],
+        metadata={"note": hostile},
+        logs=[f"RULER explanation: {hostile}"],
+    )
+    store = ModelStore(art_path, "hostile", "agent")
+    store.write_trajectories("val", 0, [art.TrajectoryGroup([trajectory], metadata={"x": hostile})])
+    page = write_page(art_path, out=tmp_path / "page.html")
+    html = page.read_text(encoding="utf-8")
+    assert html.count("</script>") == 2  # the data's own `</script>` is escaped
+
+    dom, console = browse(page, tmp_path / "profile", "#view=trajectories")
+    assert console == []
+    assert 'data-rendered="1"' in dom
+    assert "pwned" not in dom.split("<body", 1)[1].split(">", 1)[0]  # no onerror ran
+    assert "<img" not in dom
+    # the group row and chips, the trajectory metadata, the message, the judge line
+    assert dom.count("&lt;/script&gt;&lt;img src=x") == 5

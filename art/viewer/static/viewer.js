@@ -39,7 +39,8 @@ const MEANINGS = {
   independent_reward: "the reward before RULER replaced it",
 };
 
-const state = { model: 0, split: null, step: null, group: 0, page: 0, failedOnly: false, panes: [null, null] };
+// view: "metrics" (the curves) or "trajectories" (the browser)
+const state = { model: 0, view: "metrics", split: null, step: null, group: 0, page: 0, failedOnly: false, panes: [null, null] };
 
 // --- small DOM helpers ------------------------------------------------------------------
 
@@ -95,6 +96,9 @@ function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
   const model = DATA.models.findIndex((m) => m.name === params.get("model"));
   if (model >= 0) state.model = model;
+  // A link to a split, step or group opens the trajectory browser unless it names a view.
+  if (["split", "step", "group"].some((key) => params.has(key))) state.view = "trajectories";
+  if (["metrics", "trajectories"].includes(params.get("view"))) state.view = params.get("view");
   if (params.has("split")) state.split = params.get("split");
   if (params.has("step")) state.step = Number(params.get("step"));
   if (params.has("group")) state.group = Number(params.get("group"));
@@ -106,7 +110,7 @@ function readHash() {
 function writeHash() {
   const model = DATA.models[state.model];
   if (!model) return;
-  const params = new URLSearchParams({ model: model.name });
+  const params = new URLSearchParams({ model: model.name, view: state.view });
   if (state.split !== null) params.set("split", state.split);
   if (state.step !== null) params.set("step", String(state.step));
   params.set("group", String(state.group));
@@ -143,21 +147,41 @@ function renderModel() {
   if (!steps.includes(state.step)) state.step = steps.length ? steps[steps.length - 1] : null;
 
   const logged = splits.map((split) => `${split}: ${model.splits[split].length} steps`).join(", ");
+  const trajectories = splits.reduce((n, split) =>
+    n + model.splits[split].reduce((m, entry) => m + entry.groups.reduce((k, g) => k + g.trajectories.length, 0), 0), 0);
   put(document.getElementById("model"),
     h("p", { class: "muted" },
       model.base_model ? `base model ${model.base_model} · ` : "",
       `current step ${model.step}`,
       logged ? ` · trajectories logged (${logged})` : " · no trajectories logged"),
-    h("section", {},
-      h("h2", {}, "Metrics per step"),
-      model.metrics.length
-        ? h("div", { class: "charts", id: "charts" }, model.metrics.map(chart))
-        : h("p", {}, "history.jsonl has no rows yet.")),
-    h("section", {},
-      h("h2", {}, "Trajectories"),
-      h("div", { id: "browser" })),
+    h("nav", { class: "tabs views" },
+      h("button", { class: state.view === "metrics" ? "tab active" : "tab", onclick: () => selectView("metrics") },
+        `Metrics per step (${model.metrics.length})`),
+      h("button", { class: state.view === "trajectories" ? "tab active" : "tab", onclick: () => selectView("trajectories") },
+        `Trajectories (${trajectories})`)),
+    h("section", { id: "view" }),
   );
-  renderBrowser();
+  renderView();
+}
+
+// Only one view is in the DOM at a time: the curves, or the trajectory browser.
+function renderView() {
+  const model = DATA.models[state.model];
+  const view = document.getElementById("view");
+  if (state.view === "metrics") {
+    put(view, model.metrics.length
+      ? h("div", { class: "charts", id: "charts" }, model.metrics.map(chart))
+      : h("p", {}, "history.jsonl has no rows yet."));
+  } else {
+    put(view, h("div", { id: "browser" }));
+    renderBrowser();
+  }
+}
+
+function selectView(name) {
+  state.view = name;
+  renderModel();
+  writeHash();
 }
 
 function selectModel(index) {
@@ -179,7 +203,7 @@ function ticks(lo, hi, count) {
 }
 
 function chart(series) {
-  const W = 360, H = 200, L = 56, R = 14, T = 12, B = 36;
+  const W = 300, H = 150, L = 50, R = 12, T = 10, B = 32;
   const points = series.points;
   const steps = points.map((p) => p[0]);
   const values = points.map((p) => p[1]);
