@@ -259,6 +259,10 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
     assert "builtins.ConnectionError" in dom
     assert "the weather service did not answer for Oslo" in dom
     assert "Traceback (most recent call last)" in dom
+    dom, console = browse(page, tmp_path / "profile", "#step=0&failed=1")
+    assert console == []
+    assert count(dom, "group-row") == 1  # only the Oslo group has a failed rollout
+    assert "city=Oslo" in dom
     shot = screenshot(page, tmp_path / "profile", "viewer-failed-rollout.png", failed_view)
     assert shot.stat().st_size > 50_000  # a full page of drawn content, not a blank image
 
@@ -284,7 +288,7 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
 def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_a_time(
     art_path: Path, tmp_path: Path
 ) -> None:
-    steps, groups_per_step, group_size = 8, 25, 25  # 5,000 trajectories
+    steps, groups_per_step, group_size = 5, 100, 10  # 5,000 trajectories
     store = ModelStore(art_path, "big", "agent")
     for step in range(steps):
         groups = []
@@ -309,14 +313,16 @@ def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_
     dom, console = browse(page, tmp_path / "profile", "#view=trajectories")
     assert console == []
     assert 'data-rendered="1"' in dom
-    # Only the selected step's groups and the selected group's two panes are in the DOM.
-    assert "train step 7: 25 groups, 625 trajectories" in dom
+    # Only the selected step's first 50 groups and one group's two panes are in the DOM.
+    assert "train step 4: 100 groups, 1000 trajectories" in dom
     assert count(dom, "chart") == 0
-    assert count(dom, "group-row") == groups_per_step
+    assert count(dom, "group-row") == 50
+    assert "groups 1–50 of 100" in dom
     assert count(dom, "trajectory") == 2
     assert count(dom, "message") == 2 * 5
-    assert "city-s7-g0-t24" in dom  # the best of the first group of step 7
-    assert "city-s7-g1-" not in dom
+    assert "city-s4-g0-t9" in dom  # the best of the first group of step 4
+    assert "city-s4-g0-t0" in dom  # and the worst
+    assert "city-s4-g1-" not in dom
     assert "city-s0-" not in dom
 
 
@@ -405,3 +411,25 @@ def test_text_from_the_run_is_shown_as_text_never_run_as_markup(
     assert "<img" not in dom
     # the group row and chips, the trajectory metadata, the message, the judge line
     assert dom.count("&lt;/script&gt;&lt;img src=x") == 5
+
+
+def test_every_model_of_the_project_has_its_tab_even_before_anything_is_logged(
+    art_path: Path, tmp_path: Path
+) -> None:
+    ModelStore(art_path, "duo", "first").append_history(0, {"val/reward": 0.25})
+    ModelStore(art_path, "duo", "first").append_history(1, {"val/reward": 0.75})
+    ModelStore(art_path, "duo", "second").write_model({"name": "second", "project": "duo"})
+    page = write_page(art_path, out=tmp_path / "duo.html")
+
+    dom, console = browse(page, tmp_path / "profile")
+    assert console == []
+    assert re.findall(r'<button class="tab[^"]*">([^<]+)</button>', dom)[:2] == ["first", "second"]
+    assert "val/reward at step 1: 0.75" in dom  # the point's hover text
+    assert count(dom, "line") == 1
+
+    dom, console = browse(page, tmp_path / "profile", "#model=second")
+    assert console == []
+    assert "history.jsonl has no rows yet." in dom
+    dom, console = browse(page, tmp_path / "profile", "#model=second&view=trajectories")
+    assert console == []
+    assert "No trajectories were logged for this model." in dom

@@ -319,7 +319,8 @@ function renderStep() {
   const pages = Math.max(1, Math.ceil(shown.length / GROUPS_PER_PAGE));
   state.page = Math.min(state.page, pages - 1);
   const pageGroups = shown.slice(state.page * GROUPS_PER_PAGE, (state.page + 1) * GROUPS_PER_PAGE);
-  if (!groups.some((g) => g.index === state.group) && groups.length) state.group = groups[0].index;
+  // The selected group stays while it is listed (on any page); otherwise the first listed.
+  if (!shown.some((g) => g.index === state.group) && shown.length) state.group = shown[0].index;
 
   const summary = h("p", { class: "summary", id: "step-summary" },
     `${state.split} step ${entry.step}: ${groups.length} groups, ${rewards.length} trajectories`,
@@ -347,9 +348,9 @@ function renderStep() {
     h("button", { disabled: state.page === 0, onclick: () => select({ page: state.page - 1 }) }, "‹ previous"),
     ` groups ${state.page * GROUPS_PER_PAGE + 1}–${Math.min(shown.length, (state.page + 1) * GROUPS_PER_PAGE)} of ${shown.length} `,
     h("button", { disabled: state.page === pages - 1, onclick: () => select({ page: state.page + 1 }) }, "next ›")) : null;
-  const group = groups.find((g) => g.index === state.group);
+  const group = shown.find((g) => g.index === state.group);
   put(container, summary, filter, h("div", { class: "group-list" }, table), pager,
-    group ? renderGroup(group) : h("p", {}, "No group selected."));
+    group ? renderGroup(group) : h("p", {}, state.failedOnly ? "No group of this step has a failed rollout." : "No group selected."));
 }
 
 function renderGroup(group) {
