@@ -325,6 +325,14 @@ def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_
     assert "city-s4-g1-" not in dom
     assert "city-s0-" not in dom
 
+    # A link to a group on the second page opens that page, with the group selected.
+    dom, console = browse(page, tmp_path / "profile", "#step=2&group=70&a=3")
+    assert console == []
+    assert "groups 51–100 of 100" in dom
+    assert re.search(r'<tr class="group-row active"><td>#70</td>', dom)
+    assert "city-s2-g70-t3" in dom
+    assert count(dom, "trajectory") == 2
+
 
 # --- the command --------------------------------------------------------------------------
 

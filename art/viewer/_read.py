@@ -2,8 +2,8 @@
 
 Only what a run wrote is read, through `ModelStore`: `model.json`, `history.jsonl` and
 the Parquet trajectory logs. Messages are reduced to what a person reads (role, text,
-tool calls, whether the turn was sampled); token ids and logprobs stay in the Parquet
-files, which keeps the page a fraction of their size.
+tool calls, whether the turn was sampled); token ids and logprobs, most of a sampled
+turn's JSON, stay in the Parquet files.
 """
 
 from __future__ import annotations
@@ -90,16 +90,20 @@ def _enclosing_project(root: Path) -> RunLocation | None:
     return None
 
 
+def _split_key(split: str) -> tuple[int, str]:
+    rank = _SPLIT_ORDER.index(split) if split in _SPLIT_ORDER else len(_SPLIT_ORDER)
+    return (rank, split)
+
+
 def metric_order(names: set[str]) -> list[str]:
     """Rewards of every split first, then each split's metrics, the common ones leading."""
 
-    def key(name: str) -> tuple[int, int, str, int, str]:
+    def key(name: str) -> tuple[bool, tuple[int, str], int, str]:
         split, _, metric = name.rpartition("/")
-        split_rank = _SPLIT_ORDER.index(split) if split in _SPLIT_ORDER else len(_SPLIT_ORDER)
         metric_rank = (
             _LEADING_METRICS.index(metric) if metric in _LEADING_METRICS else len(_LEADING_METRICS)
         )
-        return (metric != "reward", split_rank, split, metric_rank, metric)
+        return (metric != "reward", _split_key(split), metric_rank, metric)
 
     return sorted(names, key=key)
 
@@ -229,10 +233,7 @@ def _model(location: RunLocation, name: str, tools: _Tools) -> dict[str, Any]:
             }
             for step in store.logged_steps(split)
         ]
-        for split in sorted(
-            store.logged_splits(),
-            key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 9, s),
-        )
+        for split in sorted(store.logged_splits(), key=_split_key)
     }
     return {
         "name": name,

@@ -40,7 +40,7 @@ const MEANINGS = {
 };
 
 // view: "metrics" (the curves) or "trajectories" (the browser)
-const state = { model: 0, view: "metrics", split: null, step: null, group: 0, page: 0, failedOnly: false, panes: [null, null] };
+const state = { model: 0, view: "metrics", split: null, step: null, group: 0, page: 0, pageOfGroup: false, failedOnly: false, panes: [null, null] };
 
 // --- small DOM helpers ------------------------------------------------------------------
 
@@ -101,7 +101,10 @@ function readHash() {
   if (["metrics", "trajectories"].includes(params.get("view"))) state.view = params.get("view");
   if (params.has("split")) state.split = params.get("split");
   if (params.has("step")) state.step = Number(params.get("step"));
-  if (params.has("group")) state.group = Number(params.get("group"));
+  if (params.has("group")) {
+    state.group = Number(params.get("group"));
+    state.pageOfGroup = true; // open the group list on the page that lists it
+  }
   state.failedOnly = params.get("failed") === "1";
   // a and b: the trajectories shown in the left and right panes (default: best and worst)
   state.panes = ["a", "b"].map((key) => (params.has(key) ? Number(params.get(key)) : null));
@@ -317,6 +320,11 @@ function renderStep() {
   const failed = groups.reduce((n, g) => n + g.exceptions.length, 0);
   const shown = state.failedOnly ? groups.filter((g) => g.exceptions.length) : groups;
   const pages = Math.max(1, Math.ceil(shown.length / GROUPS_PER_PAGE));
+  if (state.pageOfGroup) {
+    const position = shown.findIndex((g) => g.index === state.group);
+    if (position >= 0) state.page = Math.floor(position / GROUPS_PER_PAGE);
+    state.pageOfGroup = false;
+  }
   state.page = Math.min(state.page, pages - 1);
   const pageGroups = shown.slice(state.page * GROUPS_PER_PAGE, (state.page + 1) * GROUPS_PER_PAGE);
   // The selected group stays while it is listed (on any page); otherwise the first listed.
