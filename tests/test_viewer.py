@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from helpers import WEATHER_TOOL, JsonHandler, serving, tool_trajectory
+from helpers import WEATHER_TOOL, JsonHandler, sampled_choice, serving, tool_trajectory
 
 import art
 from art.cli import main
@@ -441,3 +441,36 @@ def test_every_model_of_the_project_has_its_tab_even_before_anything_is_logged(
     dom, console = browse(page, tmp_path / "profile", "#model=second&view=trajectories")
     assert console == []
     assert "No trajectories were logged for this model." in dom
+
+
+def test_a_turn_cut_at_max_tokens_and_additional_histories_are_shown(
+    art_path: Path, tmp_path: Path
+) -> None:
+    cut = sampled_choice("The weather in Paris is")
+    cut.finish_reason = "length"
+    summarizer = art.History(
+        messages_and_choices=[
+            {"role": "user", "content": "Summarize: sunny, 21C"},
+            sampled_choice("Sunny and mild."),
+        ]
+    )
+    trajectory = art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "Weather in Paris?"}, cut],
+        additional_histories=[summarizer],
+        reward=0.5,
+    )
+    ModelStore(art_path, "cut", "agent").write_trajectories(
+        "train", 0, [art.TrajectoryGroup([trajectory])]
+    )
+    page = write_page(art_path, out=tmp_path / "cut.html")
+
+    dom, console = browse(page, tmp_path / "profile", "#view=trajectories")
+    assert console == []
+    assert count(dom, "trajectory") == 1  # a group of one has no worst beside its best
+    assert re.search(
+        r"assistant<span class=\"badge\">sampled</span><span class=\"badge warn\">cut at max_tokens",
+        dom,
+    )
+    assert "additional history 1 (2 messages)" in dom
+    assert "Summarize: sunny, 21C" in dom
+    assert "Sunny and mild." in dom
