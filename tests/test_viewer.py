@@ -48,6 +48,12 @@ def chromium() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def headless_chromium() -> str:
+    """Debian's chromium, or a skip saying how to get it (before any run is built)."""
+    return chromium()
+
+
 def browse(page: Path, profile: Path, fragment: str = "") -> tuple[str, list[str]]:
     """The DOM after the page's script ran, without the script elements (which hold the
     whole run as JSON), and every console line the page produced."""
@@ -184,7 +190,9 @@ async def weather_rollout(model: art.TrainableModel, city: str, attempt: int) ->
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def trained_run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Path]:
+async def trained_run(
+    tmp_path_factory: pytest.TempPathFactory, headless_chromium: str
+) -> AsyncIterator[Path]:
     """Two GRPO steps of the default model; each step has one failed rollout."""
     path = tmp_path_factory.mktemp("viewer") / ".art"
     backend = LocalBackend(path=path, in_process=True)
@@ -286,7 +294,7 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
 
 
 def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_a_time(
-    art_path: Path, tmp_path: Path
+    art_path: Path, tmp_path: Path, headless_chromium: str
 ) -> None:
     steps, groups_per_step, group_size = 5, 100, 10  # 5,000 trajectories
     store = ModelStore(art_path, "big", "agent")
@@ -398,7 +406,7 @@ def test_art_show_asks_for_a_project_when_there_are_several(
 
 
 def test_text_from_the_run_is_shown_as_text_never_run_as_markup(
-    art_path: Path, tmp_path: Path
+    art_path: Path, tmp_path: Path, headless_chromium: str
 ) -> None:
     hostile = '</script><img src=x onerror="document.body.dataset.pwned=1"><!--'
     trajectory = art.Trajectory(
@@ -422,7 +430,7 @@ def test_text_from_the_run_is_shown_as_text_never_run_as_markup(
 
 
 def test_every_model_of_the_project_has_its_tab_even_before_anything_is_logged(
-    art_path: Path, tmp_path: Path
+    art_path: Path, tmp_path: Path, headless_chromium: str
 ) -> None:
     ModelStore(art_path, "duo", "first").append_history(0, {"val/reward": 0.25})
     ModelStore(art_path, "duo", "first").append_history(1, {"val/reward": 0.75})
@@ -444,7 +452,7 @@ def test_every_model_of_the_project_has_its_tab_even_before_anything_is_logged(
 
 
 def test_a_turn_cut_at_max_tokens_and_additional_histories_are_shown(
-    art_path: Path, tmp_path: Path
+    art_path: Path, tmp_path: Path, headless_chromium: str
 ) -> None:
     cut = sampled_choice("The weather in Paris is")
     cut.finish_reason = "length"
