@@ -443,6 +443,18 @@ def test_every_model_of_the_project_has_its_tab_even_before_anything_is_logged(
     assert "val/reward at step 1: 0.75" in dom  # the point's hover text
     assert count(dom, "line") == 1
 
+    # The pointer near a curve's right end reads out the last point, as a person hovering.
+    hover = """<script>
+    const svg = document.querySelector("figure.chart svg");
+    const box = svg.getBoundingClientRect();
+    svg.dispatchEvent(new MouseEvent("mousemove", {clientX: box.right - 2, clientY: box.top + 5}));
+    </script></body>"""
+    hovered = tmp_path / "hovered.html"
+    hovered.write_text(page.read_text(encoding="utf-8").replace("</body>", hover))
+    dom, console = browse(hovered, tmp_path / "profile")
+    assert console == []
+    assert re.search(r'<text [^>]*class="readout"[^>]*>step 1: 0.75</text>', dom)
+
     dom, console = browse(page, tmp_path / "profile", "#model=second")
     assert console == []
     assert "history.jsonl has no rows yet." in dom

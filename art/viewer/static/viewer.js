@@ -6,6 +6,7 @@
 
 const DATA = JSON.parse(document.getElementById("art-data").textContent);
 const GROUPS_PER_PAGE = 50;
+const MAX_DOTS = 200; // points per curve drawn as dots with a tooltip each
 const SVG_NS = "http://www.w3.org/2000/svg";
 const JUDGE_PREFIX = "RULER explanation:";
 
@@ -208,11 +209,14 @@ function ticks(lo, hi, count) {
 function chart(series) {
   const W = 300, H = 150, L = 50, R = 12, T = 10, B = 32;
   const points = series.points;
-  const steps = points.map((p) => p[0]);
-  const values = points.map((p) => p[1]);
-  let x0 = Math.min(...steps), x1 = Math.max(...steps);
+  // Loops, not Math.min(...array): a long run's arrays are too long to spread as arguments.
+  let first = Infinity, lastStep = -Infinity, y0 = Infinity, y1 = -Infinity;
+  for (const [step, value] of points) {
+    first = Math.min(first, step); lastStep = Math.max(lastStep, step);
+    y0 = Math.min(y0, value); y1 = Math.max(y1, value);
+  }
+  let x0 = first, x1 = lastStep;
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  let y0 = Math.min(...values), y1 = Math.max(...values);
   if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
   else { const pad = (y1 - y0) * 0.08; y0 -= pad; y1 += pad; }
   const x = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
@@ -223,7 +227,7 @@ function chart(series) {
     svg.append(s("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
     svg.append(s("text", { x: L - 6, y: y(v) + 4, class: "tick", "text-anchor": "end" }, fmt(v)));
   }
-  const xTicks = ticks(Math.ceil(x0), Math.floor(x1), 8).filter((v) => Number.isInteger(v) && v >= Math.min(...steps) && v <= Math.max(...steps));
+  const xTicks = ticks(Math.ceil(x0), Math.floor(x1), 8).filter((v) => Number.isInteger(v) && v >= first && v <= lastStep);
   for (const v of xTicks) {
     svg.append(s("line", { x1: x(v), x2: x(v), y1: H - B, y2: H - B + 4, class: "axis" }));
     svg.append(s("text", { x: x(v), y: H - B + 16, class: "tick", "text-anchor": "middle" }, String(v)));
@@ -235,10 +239,31 @@ function chart(series) {
     const d = points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
     svg.append(s("path", { d, class: "line" }));
   }
-  for (const [step, value] of points) {
-    svg.append(s("circle", { cx: x(step), cy: y(value), r: 3.5, class: "point" },
-      s("title", {}, `${series.name} at step ${step}: ${fmt(value)}`)));
+  // A dot with its value as a tooltip per point while they are few enough to tell apart;
+  // the readout below names the nearest point's value on any chart.
+  if (points.length <= MAX_DOTS) {
+    for (const [step, value] of points) {
+      svg.append(s("circle", { cx: x(step), cy: y(value), r: 3.5, class: "point" },
+        s("title", {}, `${series.name} at step ${step}: ${fmt(value)}`)));
+    }
   }
+  const marker = s("circle", { r: 5, class: "marker", visibility: "hidden" });
+  const readout = s("text", { x: W - R, y: T + 10, class: "readout", "text-anchor": "end" });
+  svg.append(marker, readout);
+  svg.addEventListener("mousemove", (event) => {
+    const box = svg.getBoundingClientRect();
+    const px = ((event.clientX - box.left) / box.width) * W;
+    let nearest = points[0];
+    for (const p of points) if (Math.abs(x(p[0]) - px) < Math.abs(x(nearest[0]) - px)) nearest = p;
+    marker.setAttribute("cx", x(nearest[0]));
+    marker.setAttribute("cy", y(nearest[1]));
+    marker.setAttribute("visibility", "visible");
+    readout.textContent = `step ${nearest[0]}: ${fmt(nearest[1])}`;
+  });
+  svg.addEventListener("mouseleave", () => {
+    marker.setAttribute("visibility", "hidden");
+    readout.textContent = "";
+  });
   const last = points[points.length - 1];
   const metric = series.name.split("/").pop();
   return h("figure", { class: series.name.endsWith("/reward") || series.name === "reward" ? "chart reward" : "chart", "data-metric": series.name },
