@@ -494,3 +494,18 @@ def test_a_turn_cut_at_max_tokens_and_additional_histories_are_shown(
     assert "additional history 1 (2 messages)" in dom
     assert "Summarize: sunny, 21C" in dom
     assert "Sunny and mild." in dom
+
+
+def test_a_long_run_draws_each_curve_as_one_line_without_a_dot_per_step(
+    art_path: Path, tmp_path: Path, headless_chromium: str
+) -> None:
+    store = ModelStore(art_path, "long", "agent")
+    for step in range(300):
+        store.append_history(step, {"train/reward": step / 300, "train/loss": 1 / (step + 1)})
+    page = write_page(art_path, out=tmp_path / "long.html")
+
+    dom, console = browse(page, tmp_path / "profile")
+    assert console == []
+    assert count(dom, "line") == 2
+    assert count(dom, "point") == 0  # 300 dots per curve would be a smudge; hover reads out
+    assert "last 0.9967 at step 299" in dom
