@@ -388,7 +388,7 @@ def test_art_show_names_the_path_when_there_is_no_run(
     assert f"no run under {empty.resolve()}" in error
     assert "LocalBackend(path=...)" in error
     assert main(["show", str(tmp_path / "missing"), "--no-open"]) == 2
-    assert f"{tmp_path / 'missing'} is not a directory" in capsys.readouterr().err
+    assert f"{(tmp_path / 'missing').resolve()} is not a directory" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.html"))
 
 

@@ -45,10 +45,9 @@ def locate(path: str | os.PathLike[str], project: str | None = None) -> RunLocat
     `path` is a backend's base path, or a project's directory, or one model's directory
     inside it. `project` must be given when the base path holds several projects.
     """
-    given = Path(path).expanduser()
-    root = given.resolve()
+    root = Path(path).expanduser().resolve()
     if not root.is_dir():
-        raise ConfigError("path", f"{given} is not a directory", _PATH_FIX)
+        raise ConfigError("path", f"{root} is not a directory", _PATH_FIX)
     projects = [name for name in list_projects(root) if list_models(root, name)]
     inside = None if projects else _enclosing_project(root)
     if inside is not None:
