@@ -18,7 +18,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm demo test lint typecheck pytest clean
+.PHONY: venv venv-vllm browser demo test lint typecheck pytest clean
 
 venv: $(STAMP)
 
@@ -57,7 +57,21 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-pytest: venv venv-vllm
+# Headless Chromium for the run viewer's test (tests/test_viewer.py), from Debian's package.
+# Installed only where it is missing and we are root with apt-get; otherwise (or if the
+# install fails, e.g. offline) that test skips and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (apt-get) for the viewer's browser test"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+			|| echo "could not install chromium: tests/test_viewer.py's browser checks will skip"; \
+	else \
+		echo "no chromium and no root apt-get: tests/test_viewer.py's browser checks will skip"; \
+	fi
+
+pytest: venv venv-vllm browser
 	$(BIN)/pytest
 
 test: lint typecheck pytest

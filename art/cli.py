@@ -2,6 +2,7 @@
 
     art serve --host 127.0.0.1 --port 8000 --path ./.art --api-key KEY
     art autorl "Answer questions about our return policy" --steps 10 --path ./.art
+    art show ./.art --project my-task
 
 Add a subcommand by writing an `_add_<name>(subparsers)` that sets `handler` and
 listing it in `_COMMANDS`.
@@ -194,12 +195,53 @@ async def _run_autorl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_show(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="write and open an offline HTML page of a project's runs",
+        description="Write one static HTML page (no network needed) with every metric of "
+        "each model's history.jsonl per step, and a browser of the logged trajectories, "
+        "then open it in a web browser.",
+    )
+    parser.add_argument(
+        "path",
+        nargs="?",
+        default="./.art",
+        help="where the runs are stored (./.art), or a project's or model's directory",
+    )
+    parser.add_argument(
+        "--project", default=None, help="the project to show (needed when PATH holds several)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="where to write the page (default <PATH>/<project>/viewer.html)"
+    )
+    parser.add_argument("--no-open", action="store_true", help="write the page, do not open it")
+    parser.set_defaults(handler=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .core.errors import ArtError
+    from .viewer import write_page
+
+    try:
+        page = write_page(args.path, project=args.project, out=args.out).resolve()
+    except ArtError as error:
+        return _fail(str(error))
+    print(f"art show: wrote {page}")
+    if not args.no_open:
+        import webbrowser
+
+        if not webbrowser.open(page.as_uri()):
+            print("art show: no web browser could be started; open the file above yourself")
+    return 0
+
+
 def _fail(message: str) -> int:
     print(f"art: error: {message}", file=sys.stderr)
     return 2
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_autorl]
+_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_autorl, _add_show]
 
 
 def build_parser() -> argparse.ArgumentParser:

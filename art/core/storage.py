@@ -289,6 +289,48 @@ class ModelStore:
         path = self.trajectories_path(split, step)
         return parquet.read_groups(path) if path.exists() else []
 
+    def logged_splits(self) -> list[str]:
+        """Splits with at least one trajectory file, sorted."""
+        root = self.dir / "trajectories"
+        if not root.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in root.iterdir()
+            if entry.is_dir() and _SPLIT.match(entry.name) and self.logged_steps(entry.name)
+        )
+
+    def logged_steps(self, split: str) -> list[int]:
+        """Steps with a trajectory file in `split`, ascending. Temporary files are ignored."""
+        root = self.dir / "trajectories" / check_split(split)
+        if not root.is_dir():
+            return []
+        return sorted(
+            int(entry.name.removesuffix(".parquet"))
+            for entry in root.iterdir()
+            if entry.is_file()
+            and entry.name.endswith(".parquet")
+            and _STEP_DIR.match(entry.name.removesuffix(".parquet"))
+        )
+
+
+def list_projects(base_path: str | os.PathLike[str]) -> list[str]:
+    """Projects under a backend's `path`: directories holding a `models/` directory."""
+    root = Path(base_path)
+    if not root.is_dir():
+        return []
+    return sorted(entry.name for entry in root.iterdir() if (entry / "models").is_dir())
+
+
+def list_models(base_path: str | os.PathLike[str], project: str) -> list[str]:
+    """Names of the models stored for `project`, sorted (hidden temporary entries skipped)."""
+    root = Path(base_path) / project / "models"
+    if not root.is_dir():
+        return []
+    return sorted(
+        entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith(".")
+    )
+
 
 def _fingerprint(group: TrajectoryGroup) -> str:
     """The group's content as canonical JSON: equal for a group and its stored copy."""
@@ -304,6 +346,8 @@ __all__ = [
     "check_split",
     "fsync_dir",
     "fsync_tree",
+    "list_models",
+    "list_projects",
     "replace_dir_atomic",
     "write_text_atomic",
 ]
