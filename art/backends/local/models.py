@@ -169,6 +169,8 @@ def load(
         ) from error
     model.eval()  # type: ignore[no-untyped-call]
     if device != "cpu":
+        import torch
+
         torch.nn.Module.to(model, device)  # transformers types `to` as a dtype-only call
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
