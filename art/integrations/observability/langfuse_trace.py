@@ -41,16 +41,6 @@ def _langfuse() -> Any:
     with _client_lock:
         if _client is not None:
             return _client or None
-        try:
-            from langfuse import Langfuse
-        except ImportError:
-            warn_once(
-                "langfuse-missing",
-                "Langfuse keys are set but langfuse is not installed (pip install "
-                "'art-grpo[langfuse]'): rollouts are not traced",
-            )
-            _client = False
-            return None
         missing = [
             name
             for name in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY")
@@ -61,14 +51,29 @@ def _langfuse() -> Any:
                 "langfuse-key",
                 f"Langfuse is configured without {' and '.join(missing)}: rollouts are not traced",
             )
-            _client = False
-            return None
+            return _unusable()
+        try:
+            from langfuse import Langfuse
+        except ImportError:
+            warn_once(
+                "langfuse-missing",
+                "Langfuse keys are set but langfuse is not installed (pip install "
+                "'art-grpo[langfuse]'): rollouts are not traced",
+            )
+            return _unusable()
         client = Langfuse()
         _client = client
     # Spans are exported from Langfuse's own thread, so an unreachable server never slows a
     # rollout; this check, on a thread too, is what says so (once) instead of silence.
     threading.Thread(target=_check, args=(client,), name="art-langfuse-check", daemon=True).start()
     return client
+
+
+def _unusable() -> None:
+    global _client
+    _client = False  # decided: no tracing in this process
+    _checked.set()  # nothing to check
+    return None
 
 
 def _check(client: Any) -> None:
