@@ -137,3 +137,26 @@ def test_report_metrics_names_only_services_it_reports_to() -> None:
     with pytest.raises(art.ConfigError, match=r"report_metrics.*'trackio'"):
         art.Model(name="m", project="p", report_metrics=["trackio"])
     assert art.Model(name="m", project="p", report_metrics=["wandb"]).report_metrics == ["wandb"]
+    trainable = art.TrainableModel(name="m", project="p", base_model="b", report_metrics=[])
+    assert trainable.report_metrics == []
+    with pytest.raises(art.ConfigError, match="report_metrics"):
+        trainable.report_metrics = ["tensorboard"]
+
+
+def test_an_unreachable_server_warns_once_and_the_metrics_stay_in_history(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    result = run_python(
+        _script(tmp_path / ".art", [0, 1], ["wandb"]),
+        {
+            "WANDB_MODE": "",  # online
+            "WANDB_API_KEY": "x" * 40,
+            "HOME": str(home),
+            "WANDB_BASE_URL": closed_port_url(),
+            "WANDB_INIT_TIMEOUT": "5",  # W&B's own knob, honoured: the test need not wait 30 s
+            "WANDB_DIR": str(tmp_path),
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("W&B run obs/agent could not start") == 1, result.stderr
+    assert [row["step"] for row in _history(tmp_path / ".art")] == [0, 1]

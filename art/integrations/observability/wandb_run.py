@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from ...core.model import Model
 
 _OFFLINE_MODES = ("offline", "dryrun", "disabled")
-# How long the end of the process waits for a run to take its last rows and close.
+# How long the end of the process waits for a run to take its last rows and close, and
+# how long wandb.init may wait for the server (unless WANDB_INIT_TIMEOUT says): W&B's own
+# default, 90 s, would outlast the wait at exit and end the run without a word.
 _EXIT_WAIT_SECONDS = 60.0
+_INIT_TIMEOUT_SECONDS = 30.0
 
 _Row = tuple[int, dict[str, float]]
 
@@ -58,6 +61,12 @@ class ModelRun:
         """Log the rows queued so far, close the run, and wait up to `timeout` for that."""
         self._rows.put(None)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            warn_once(
+                f"wandb-slow:{self.label}",
+                f"W&B run {self.label} did not take its metrics within {timeout:g} s (is the "
+                "W&B server reachable?); they are in history.jsonl",
+            )
 
     # --- the worker thread -------------------------------------------------------------
 
@@ -107,8 +116,12 @@ class ModelRun:
                 "keeps a local run to `wandb sync` later",
             )
             return None
+        settings = wandb.Settings()
+        if not os.environ.get("WANDB_INIT_TIMEOUT"):
+            settings.init_timeout = _INIT_TIMEOUT_SECONDS
         try:
             run = wandb.init(
+                settings=settings,
                 project=self.project,
                 entity=self.entity,
                 name=self.name,
