@@ -150,3 +150,44 @@ def test_a_missing_secret_key_warns_once_and_traces_nothing(chat_server_url: str
         assert result.stderr.count("Langfuse is configured without LANGFUSE_SECRET_KEY") == 1
         assert "TRAJECTORY 0.75 None" in result.stdout
         assert langfuse.requests == []
+
+
+# A LangGraph rollout: its chat model comes from `art.langgraph`, not `model.openai_client()`.
+LANGGRAPH = """
+import asyncio
+import art
+from art.langgraph import init_chat_model, wrap_rollout
+from art.integrations.observability.langfuse_trace import wait_for_connection_check
+from langfuse import get_client
+
+async def answer(question):
+    reply = await init_chat_model().ainvoke([("user", question)])
+    return art.Trajectory(reward=len(reply.content) / 100)
+
+async def main():
+    model = art.Model(name="echo", project="obs", inference_base_url=URL, inference_api_key="k")
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([wrap_rollout(model, answer)("capital of Peru?")])], pbar_desc=None
+    )
+    (trajectory,) = groups[0].trajectories
+    print("TRAJECTORY", trajectory.reward, trajectory.metadata["langfuse_trace_id"])
+    wait_for_connection_check()
+    get_client().flush()
+
+asyncio.run(main())
+"""
+
+
+def test_a_langgraph_rollout_is_traced_with_its_chat_model_call(chat_server_url: str) -> None:
+    with recording_server(_langfuse_answer) as langfuse:
+        result = run_python(LANGGRAPH.replace("URL", repr(chat_server_url)), _env(langfuse.url))
+        assert result.returncode == 0, result.stderr
+        spans = otlp_spans(langfuse.bodies("/api/public/otel/v1/traces"))
+
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("TRAJECTORY")]
+    reward, trace_id = line.split()[1:]
+    (root,) = [s for s in spans if s["trace_id"] == trace_id and not s["parent_id"]]
+    assert _metadata(root, "reward") == float(reward) > 0
+    (generation,) = [s for s in spans if s["parent_id"] == root["span_id"]]
+    output = json.loads(generation["attributes"]["langfuse.observation.output"])
+    assert output["content"] == "echo: capital of Peru?"

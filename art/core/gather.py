@@ -164,7 +164,7 @@ async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
 async def _observed(rollout: Awaitable[T]) -> T:
     """Await one rollout inside its own trace, where a tracing service is on."""
     # A coroutine is named after its function (`rollout`); other awaitables are not.
-    with observe.rollout_scope(getattr(rollout, "__qualname__", "rollout")) as trace:
+    with observe.rollout_scope(getattr(rollout, "__name__", "rollout")) as trace:
         try:
             result = await rollout
         except BaseException as error:
