@@ -27,6 +27,7 @@ from . import observe
 from .observe import ChatTrace
 
 _CLAIMED = "art.recording.claimed"  # request extension: an outer transport records this call
+_TRACED = "art.recording.traced"  # request extension: an outer transport traces this call
 
 
 class CallSink(Protocol):
@@ -119,10 +120,13 @@ def _on_body(response: httpx.Response, claim: _Claim) -> Callable[[bytes], None]
 
 def _traced(request: httpx.Request) -> ChatTrace | None:
     """A trace of this chat completion, where a tracing service is on (Langfuse)."""
-    if not observe.langfuse_wanted():
+    if not observe.langfuse_wanted() or request.extensions.get(_TRACED):
         return None  # the common case: no JSON parsed, nothing imported
     body = _chat_request(request)
-    return None if body is None else observe.chat_call(body)
+    if body is None:
+        return None
+    request.extensions[_TRACED] = True
+    return observe.chat_call(body)
 
 
 class _Tap:

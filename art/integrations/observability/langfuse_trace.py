@@ -21,7 +21,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ...core.trajectories import Trajectory
@@ -104,6 +104,10 @@ class _RolloutTrace:
         self._span = span
 
     def finish(self, outcome: object) -> None:
+        with _sdk_guard("the end of a rollout"):
+            self._record(outcome)
+
+    def _record(self, outcome: object) -> None:
         if isinstance(outcome, Trajectory):
             outcome.metadata.setdefault("langfuse_trace_id", self._span.trace_id)
             self._span.update(
@@ -126,8 +130,13 @@ def rollout_trace(name: str = "rollout") -> Iterator[_RolloutTrace | None]:
     if client is None:
         yield None
         return
-    with client.start_as_current_observation(name=name, as_type="span") as span:
-        yield _RolloutTrace(span)
+    with ExitStack() as stack:
+        span = None
+        with _sdk_guard("the start of a rollout"):
+            span = stack.enter_context(
+                client.start_as_current_observation(name=name, as_type="span")
+            )
+        yield None if span is None else _RolloutTrace(span)
 
 
 class _ChatTrace:
@@ -135,6 +144,10 @@ class _ChatTrace:
         self._generation = generation
 
     def finish(self, status: int, body: bytes) -> None:
+        with _sdk_guard("a chat completion"):
+            self._record(status, body)
+
+    def _record(self, status: int, body: bytes) -> None:
         text = body.decode("utf-8", errors="replace")
         if status >= 400:
             self._generation.update(level="ERROR", status_message=f"HTTP {status}: {text[:500]}")
@@ -144,8 +157,9 @@ class _ChatTrace:
         self._generation.end()
 
     def fail(self, reason: str) -> None:
-        self._generation.update(level="ERROR", status_message=reason)
-        self._generation.end()
+        with _sdk_guard("a failed chat completion"):
+            self._generation.update(level="ERROR", status_message=reason)
+            self._generation.end()
 
 
 def chat_trace(request: dict[str, Any]) -> _ChatTrace | None:
@@ -154,14 +168,29 @@ def chat_trace(request: dict[str, Any]) -> _ChatTrace | None:
     if client is None:
         return None
     parameters = {key: request[key] for key in _PARAMETERS if key in request}
-    generation = client.start_observation(
-        name="chat.completions",
-        as_type="generation",
-        model=str(request.get("model", "")),
-        input=request.get("messages"),
-        model_parameters=parameters or None,
-    )
-    return _ChatTrace(generation)
+    with _sdk_guard("the start of a chat completion"):
+        generation = client.start_observation(
+            name="chat.completions",
+            as_type="generation",
+            model=str(request.get("model", "")),
+            input=request.get("messages"),
+            model_parameters=parameters or None,
+        )
+        return _ChatTrace(generation)
+    return None
+
+
+@contextmanager
+def _sdk_guard(what: str) -> Iterator[None]:
+    """A failure inside the Langfuse SDK costs the trace, never the rollout: say it once."""
+    try:
+        yield
+    except Exception as error:
+        warn_once(
+            "langfuse-sdk",
+            f"Langfuse could not record {what} ({type(error).__name__}: {error}); "
+            "traces may be incomplete, and the rollouts go on",
+        )
 
 
 def _answer(text: str) -> tuple[Any, dict[str, int]]:

@@ -72,7 +72,15 @@ def weave_links() -> dict[str, MetadataValue]:
     weave = sys.modules.get("weave")
     if weave is None or _disabled():
         return {}
-    call = weave.get_current_call()
+    try:
+        call = weave.get_current_call()
+    except Exception as error:  # a trajectory is never lost to a tracing problem
+        warn_once(
+            "weave-call",
+            f"Weave could not say which call is running ({type(error).__name__}: {error}); "
+            "trajectories are not linked to their traces",
+        )
+        return {}
     if call is None or not call.id:  # no op running, or Weave not initialised
         return {}
     links: dict[str, MetadataValue] = {"weave_call_id": call.id}
