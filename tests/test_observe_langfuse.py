@@ -191,3 +191,36 @@ def test_a_langgraph_rollout_is_traced_with_its_chat_model_call(chat_server_url:
     (generation,) = [s for s in spans if s["parent_id"] == root["span_id"]]
     output = json.loads(generation["attributes"]["langfuse.observation.output"])
     assert output["content"] == "echo: capital of Peru?"
+
+
+def test_a_streamed_answer_is_assembled_for_its_generation() -> None:
+    from art.integrations.observability.langfuse_trace import _answer
+
+    def event(delta: dict[str, Any], **extra: Any) -> str:
+        return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta}], **extra})
+
+    call = {"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": '{"ci'}}
+    stream = "\n\n".join(
+        [
+            event({"role": "assistant", "content": "Let me "}),
+            event({"content": "check."}),
+            event({"tool_calls": [call]}),
+            event({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Lima"}'}}]}),
+            "data: "
+            + json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}),
+            "data: [DONE]",
+        ]
+    )
+    message, usage = _answer(stream)
+    assert message == {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "id": "call_1",
+                "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'},
+            }
+        ],
+    }
+    assert usage == {"input": 9, "output": 4}
