@@ -160,3 +160,57 @@ def test_an_unreachable_server_warns_once_and_the_metrics_stay_in_history(tmp_pa
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("W&B run obs/agent could not start") == 1, result.stderr
     assert [row["step"] for row in _history(tmp_path / ".art")] == [0, 1]
+
+
+# Two real GRPO steps of the embedded default model (in process, a few tokens each).
+TRAIN_TWO_STEPS = """
+import asyncio
+import art
+from art.local import LocalBackend
+
+async def rollout(model, i):
+    trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "Say a number."}])
+    completion = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=6, seed=i
+    )
+    trajectory.messages_and_choices.append(completion.choices[0])
+    trajectory.reward = float(i)
+    return trajectory
+
+async def main():
+    model = art.TrainableModel(
+        name="trained", project="obs", base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        report_metrics=["wandb"],
+    )
+    await model.register(LocalBackend(path=PATH, in_process=True))
+    for _ in range(2):
+        groups = await art.gather_trajectory_groups(
+            [art.TrajectoryGroup(rollout(model, i) for i in range(2))], pbar_desc=None
+        )
+        await model.train(groups)
+
+asyncio.run(main())
+"""
+
+
+def test_two_real_training_steps_reach_the_offline_run_at_their_steps(tmp_path: Path) -> None:
+    art_path = tmp_path / ".art"
+    result = run_python(
+        TRAIN_TWO_STEPS.replace("PATH", repr(str(art_path))),
+        {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_API_KEY": ""},
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    (run,) = [read_wandb_run(file) for file in _offline_runs(tmp_path)]
+    assert (run.run_id, run.project) == ("trained", "obs")
+    history = [
+        json.loads(line)
+        for line in (art_path / "obs/models/trained/history.jsonl").read_text().splitlines()
+    ]
+    assert [row["step"] for row in history] == [0, 1]
+    assert [row["training_step"] for row in run.history] == [0, 1]
+    for row, sent in zip(history, run.history, strict=True):
+        assert {"train/loss", "train/grad_norm", "train/reward", "train/train_seconds"} <= set(row)
+        for key, value in row.items():
+            if key not in ("step", "recorded_at"):
+                assert sent[key] == pytest.approx(value), key
