@@ -71,6 +71,7 @@ def _env(url: str, home: Path) -> dict[str, str]:
         "WANDB_MODE": "",  # Weave has no offline mode
         "WEAVE_DISABLED": "",
         "HOME": str(home),  # no cached server answers, no ~/.netrc from elsewhere
+        "WANDB_DIR": str(home),
         "WEAVE_PRINT_CALL_LINK": "false",
     }
 
