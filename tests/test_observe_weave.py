@@ -131,11 +131,12 @@ def test_weave_disabled_traces_nothing_and_art_imports_no_weave(
         assert wandb_server.requests == []
 
 
-def test_weave_without_a_key_or_a_server_warns_once_and_the_rollouts_go_on(
+def test_weave_without_a_key_a_server_or_online_mode_warns_once_and_the_rollouts_go_on(
     tmp_path: Path, chat_server_url: str
 ) -> None:
     for env, says in (
         ({"WANDB_API_KEY": ""}, "Weave needs W&B credentials"),
+        ({"WANDB_MODE": "offline"}, "Weave has no offline mode"),
         (
             {"WANDB_BASE_URL": closed_port_url(), "WF_TRACE_SERVER_URL": closed_port_url()},
             "Weave could not start",
