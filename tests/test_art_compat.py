@@ -50,13 +50,6 @@ def test_art_utils_modules_and_functions_both_resolve() -> None:
     assert (len(batch.items), batch.step) == (2, 0)
 
 
-def test_init_weave_with_wandb_says_it_is_not_built() -> None:
-    import art.utils
-
-    with pytest.raises(art.NotBuiltError, match=r"weave\.init"):
-        art.utils.init_weave_with_wandb("project")
-
-
 def test_format_message_writes_role_content_and_tool_calls() -> None:
     from art.utils import format_message
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar, overload
 from openai.types.chat.chat_completion import Choice
 from tqdm.auto import tqdm
 
+from . import observe
 from .errors import ConfigError, TrajectoryValidationError
 from .trajectories import (
     PendingTrajectoryGroup,
@@ -136,7 +137,7 @@ async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
 
     async def run_one(index: int, rollout: Awaitable[Any]) -> None:
         try:
-            result = await rollout
+            result = await _observed(rollout)
             if not isinstance(result, Trajectory):
                 raise TrajectoryValidationError(
                     "rollout result",
@@ -158,6 +159,21 @@ async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
         exceptions=pending.exceptions,
         metadata=pending.metadata,
     )
+
+
+async def _observed(rollout: Awaitable[T]) -> T:
+    """Await one rollout inside its own trace, where a tracing service is on."""
+    # A coroutine is named after its function (`rollout`); other awaitables are not.
+    with observe.rollout_scope(getattr(rollout, "__name__", "rollout")) as trace:
+        try:
+            result = await rollout
+        except BaseException as error:
+            if trace is not None:
+                trace.finish(error)
+            raise
+        if trace is not None:
+            trace.finish(result)
+        return result
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
@@ -310,7 +326,7 @@ async def gather_trajectories(
 
     async def run_one(rollout: Awaitable[Trajectory]) -> Trajectory | BaseException:
         try:
-            result = await rollout
+            result = await _observed(rollout)
         except Exception as error:
             progress.add_exception(error)
             return error

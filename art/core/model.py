@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
 
-from . import dev
+from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, TrainingError
@@ -49,6 +49,9 @@ class Model(ConfigModel):
     inference_api_key: str | None = None
     inference_base_url: str | None = None
     inference_model_name: str | None = None
+    # ART's switch for metrics services: None sends them to W&B when WANDB_API_KEY is set,
+    # ["wandb"] always (WANDB_MODE=offline keeps a local run), [] never.
+    report_metrics: list[str] | None = None
 
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
@@ -60,6 +63,18 @@ class Model(ConfigModel):
     def _check_name(cls, value: str, info: Any) -> str:
         if not _NAME.match(value):
             raise ValueError(f"{info.field_name} {value!r} is not a valid name. {_NAME_FIX}")
+        return value
+
+    @field_validator("report_metrics")
+    @classmethod
+    def _check_report_metrics(cls, value: list[str] | None) -> list[str] | None:
+        for service in value or []:
+            if service not in observe.REPORTERS:
+                raise ValueError(
+                    f"{service!r} is not a metrics service this version reports to; "
+                    f"use {list(observe.REPORTERS)}, [] for none, or None for W&B when "
+                    "WANDB_API_KEY is set"
+                )
         return value
 
     # --- wiring ----------------------------------------------------------------------
@@ -208,13 +223,21 @@ class Model(ConfigModel):
         for key, value in (metrics or {}).items():
             row[key] = value
         step = await self.get_step() if step is None else step
-        await backend.log(
-            self,
-            groups,
-            split=split,
-            step=step,
-            metrics={f"{split}/{key}": value for key, value in row.items()},
+        await self._record(
+            backend, groups, split, step, {f"{split}/{key}": value for key, value in row.items()}
         )
+
+    async def _record(
+        self,
+        backend: Backend,
+        groups: list[TrajectoryGroup],
+        split: str,
+        step: int,
+        metrics: dict[str, float],
+    ) -> None:
+        """Store groups and a history row, then send the row to W&B where that is on."""
+        await backend.log(self, groups, split=split, step=step, metrics=metrics)
+        observe.history_row(self, step, metrics)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the one best on the given history metric."""
@@ -355,9 +378,7 @@ class TrainableModel(Model):
         if verbose:
             shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(row.items()))
             print(f"[{self.name}] step {step} -> {step + 1}: {shown}")
-        await backend.log(
-            self, [], split="train", step=step, metrics={f"train/{k}": v for k, v in row.items()}
-        )
+        await self._record(backend, [], "train", step, {f"train/{k}": v for k, v in row.items()})
 
 
 __all__ = ["Model", "TrainableModel"]

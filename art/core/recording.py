@@ -8,6 +8,9 @@ is sent, the response body is kept as the client reads it (streamed or not), and
 call is handed to the sink when the body is complete. Requests for any other model, and
 any request made outside a recording, pass straight through. Nothing of httpx is
 replaced: other clients in the process (a judge's, LiteLLM's) are never touched.
+
+Where a tracing service is on (Langfuse, see `core/observe.py`), each chat completion
+sent through these transports is also traced, inside the current rollout's trace.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from typing import Any, Protocol
 
 import httpx
 
+from . import observe
+from .observe import ChatTrace
+
 _CLAIMED = "art.recording.claimed"  # request extension: an outer transport records this call
+_TRACED = "art.recording.traced"  # request extension: an outer transport traces this call
 
 
 class CallSink(Protocol):
@@ -95,31 +102,70 @@ def _claim(request: httpx.Request, accepts: ModelFilter | None) -> _Claim | None
     return sink, sink.start(), body
 
 
+def _decoded(response: httpx.Response, raw: bytes) -> bytes:
+    # The stream gives the bytes as sent; a fresh response decodes any gzip/br.
+    return httpx.Response(200, headers=response.headers, content=raw).read()
+
+
 def _on_body(response: httpx.Response, claim: _Claim) -> Callable[[bytes], None]:
     sink, order, body = claim
 
     def record(raw: bytes) -> None:
         if not response.is_success:
             return  # the client raises for it; nothing was sampled
-        # The stream gives the bytes as sent; a fresh response decodes any gzip/br.
-        decoded = httpx.Response(200, headers=response.headers, content=raw).read()
-        sink.add(order, body, decoded)
+        sink.add(order, body, _decoded(response, raw))
 
     return record
 
 
-class _Tap:
-    """Keeps the bytes of a response body as the client reads them, and records on close."""
+def _traced(request: httpx.Request) -> ChatTrace | None:
+    """A trace of this chat completion, where a tracing service is on (Langfuse)."""
+    if not observe.langfuse_wanted() or request.extensions.get(_TRACED):
+        return None  # the common case: no JSON parsed, nothing imported
+    body = _chat_request(request)
+    if body is None:
+        return None
+    request.extensions[_TRACED] = True
+    return observe.chat_call(body)
 
-    def __init__(self, on_body: Callable[[bytes], None]) -> None:
-        self._on_body = on_body
+
+class _Tap:
+    """Keeps the bytes of a response body as the client reads them; hands them on at close.
+
+    `on_body` is called with the whole body if the client read it to the end; `on_cut`
+    if the response was closed first (a cancelled or disconnected request).
+    """
+
+    def __init__(
+        self, on_body: list[Callable[[bytes], None]], on_cut: list[Callable[[], None]]
+    ) -> None:
+        self._on_body, self._on_cut = on_body, on_cut
         self._parts: list[bytes] = []
-        self._complete = self._recorded = False
+        self._complete = self._finished = False
 
     def finish(self) -> None:
-        if self._complete and not self._recorded:  # a body cut short has no final chunk
-            self._recorded = True
-            self._on_body(b"".join(self._parts))
+        if self._finished:
+            return
+        self._finished = True
+        if not self._complete:  # a body cut short has no final chunk: nothing to record
+            for cut in self._on_cut:
+                cut()
+            return
+        raw = b"".join(self._parts)
+        for on_body in self._on_body:
+            on_body(raw)
+
+
+def _tap(response: httpx.Response, claim: _Claim | None, trace: ChatTrace | None) -> _Tap | None:
+    """What watches this response's body: the capture's claim, a trace, both or neither."""
+    on_body: list[Callable[[bytes], None]] = []
+    on_cut: list[Callable[[], None]] = []
+    if claim is not None:
+        on_body.append(_on_body(response, claim))
+    if trace is not None:
+        on_body.append(lambda raw: trace.finish(response.status_code, _decoded(response, raw)))
+        on_cut.append(lambda: trace.fail("the response was closed before its body ended"))
+    return _Tap(on_body, on_cut) if on_body else None
 
 
 class _RecordingStream(httpx.SyncByteStream):
@@ -171,10 +217,17 @@ class RecordingTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         claim = _claim(request, self._accepts)
-        response = self._inner.handle_request(request)
-        if claim is not None:
+        trace = _traced(request)
+        try:
+            response = self._inner.handle_request(request)
+        except BaseException as error:
+            if trace is not None:
+                trace.fail(f"the request failed: {error!r}")
+            raise
+        tap = _tap(response, claim, trace)
+        if tap is not None:
             assert isinstance(response.stream, httpx.SyncByteStream)
-            response.stream = _RecordingStream(response.stream, _Tap(_on_body(response, claim)))
+            response.stream = _RecordingStream(response.stream, tap)
         return response
 
     def close(self) -> None:
@@ -192,12 +245,17 @@ class RecordingAsyncTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         claim = _claim(request, self._accepts)
-        response = await self._inner.handle_async_request(request)
-        if claim is not None:
+        trace = _traced(request)
+        try:
+            response = await self._inner.handle_async_request(request)
+        except BaseException as error:
+            if trace is not None:
+                trace.fail(f"the request failed: {error!r}")
+            raise
+        tap = _tap(response, claim, trace)
+        if tap is not None:
             assert isinstance(response.stream, httpx.AsyncByteStream)
-            response.stream = _RecordingAsyncStream(
-                response.stream, _Tap(_on_body(response, claim))
-            )
+            response.stream = _RecordingAsyncStream(response.stream, tap)
         return response
 
     async def aclose(self) -> None:

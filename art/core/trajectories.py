@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from . import observe
 from .errors import TrajectoryValidationError
 from .types import Message, MessageOrChoice, Messages, Tool
 
@@ -230,6 +231,12 @@ class Trajectory(BaseModel):
     logs: list[str] = Field(default_factory=list)
 
     _started_at: float = PrivateAttr(default_factory=time.monotonic)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Made inside a traced rollout (`@weave.op`): keep the trace's ids with the
+        # trajectory, so the step's Parquet log links each rollout to its trace.
+        for key, value in observe.trace_links().items():
+            self.metadata.setdefault(key, value)
 
     @field_validator("reward", mode="before")
     @classmethod

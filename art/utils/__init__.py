@@ -5,8 +5,6 @@
 `from art.utils.litellm import convert_litellm_choice_to_openai` works unchanged.
 """
 
-from ..core.not_built import not_built_function
-
 # Imported from the submodules (as ART does), so importing a submodule later does not
 # replace the function of the same name on this package.
 from .format_message import format_message
@@ -16,10 +14,17 @@ from .limit_concurrency import limit_concurrency
 from .log_http_errors import log_http_errors
 from .retry import retry
 
-init_weave_with_wandb = not_built_function(
-    "art.utils.init_weave_with_wandb",
-    "call weave.init(project) yourself; art does not start W&B Weave for you",
-)
+
+def init_weave_with_wandb(project: str) -> None:
+    """Start Weave for `project` (ART's helper), so `@weave.op` rollouts are traced.
+
+    Where Weave cannot work (`WEAVE_DISABLED=true`, not installed, offline, no W&B key,
+    no server) this logs one warning saying why and returns: it never raises for that.
+    """
+    from ..integrations.observability import init_weave
+
+    init_weave(project)
+
 
 __all__ = [
     "DatasetBatch",
