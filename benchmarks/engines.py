@@ -36,7 +36,6 @@ import torch
 
 import art
 from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, tool_template_for
 from art.local import LocalBackend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,15 +79,7 @@ async def measure_engine(engine: str, args: Any, demo: ModuleType) -> dict[str, 
 
 
 def generate_peer(args: Any) -> Any:
-    hf_model, tokenizer = models.load(models.resolve(args.base_model))
-    template = tool_template_for(tokenizer)
-    prompt_ids = [
-        tokenizer(
-            render_prompt(tokenizer, [{"role": "user", "content": p}], None, template),
-            add_special_tokens=False,
-        ).input_ids
-        for p in bench.THROUGHPUT_PROMPTS
-    ]
+    hf_model, tokenizer, prompt_ids = bench.generate_peer_inputs(args)
     torch.manual_seed(args.seed)
     print(f"[generate] HF generate, one batch of {args.concurrency} ...", flush=True)
     return bench.generate_throughput(hf_model, tokenizer, prompt_ids, args, args.concurrency)

@@ -262,14 +262,9 @@ def generate_throughput(
     return Throughput(sum(counts) / elapsed, len(counts), statistics.fmean(counts))
 
 
-async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, Throughput]:
-    print("rollout throughput: ours @1 ...", flush=True)
-    results = {"ours@1": await ours_throughput(model, args, 1)}
-    print(f"rollout throughput: ours @{args.concurrency} ...", flush=True)
-    results[f"ours@{args.concurrency}"] = await ours_throughput(model, args, args.concurrency)
-
-    # The peer: the same weights and dtype, loaded as the service loads them, with the
-    # prompts rendered and tokenized exactly as the endpoint does.
+def generate_peer_inputs(args: BenchArgs) -> tuple[Any, Any, list[list[int]]]:
+    """The peer's model and prompts: the same weights and dtype, loaded as the service loads
+    them, with the prompts rendered and tokenized exactly as the endpoint does."""
     hf_model, tokenizer = models.load(models.resolve(args.base_model))
     template = tool_template_for(tokenizer)
     prompt_ids = [
@@ -279,6 +274,16 @@ async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, 
         ).input_ids
         for p in THROUGHPUT_PROMPTS
     ]
+    return hf_model, tokenizer, prompt_ids
+
+
+async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, Throughput]:
+    print("rollout throughput: ours @1 ...", flush=True)
+    results = {"ours@1": await ours_throughput(model, args, 1)}
+    print(f"rollout throughput: ours @{args.concurrency} ...", flush=True)
+    results[f"ours@{args.concurrency}"] = await ours_throughput(model, args, args.concurrency)
+
+    hf_model, tokenizer, prompt_ids = generate_peer_inputs(args)
     torch.manual_seed(args.seed)
     print("rollout throughput: HF generate @1 ...", flush=True)
     results["generate@1"] = generate_throughput(hf_model, tokenizer, prompt_ids, args, 1)
