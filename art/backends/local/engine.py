@@ -18,7 +18,6 @@ engine runs is `InternalModelConfig.engine` (see `choose_engine`).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +119,6 @@ def text_until_stop(text: str, stop: tuple[str, ...]) -> str | None:
     """`text` cut before the earliest stop string in it; None if it holds none."""
     hits = [text.find(s) for s in stop if s in text]
     return text[: min(hits)] if hits else None
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 __all__ = [
