@@ -90,7 +90,7 @@ class VLLMEngine:
                 else:
                     choices = await self._stream(body, n, on_token)
             except httpx.TransportError as error:
-                raise self._unavailable(error) from error
+                raise await asyncio.to_thread(self._unavailable, error) from error
             return [self._sample(choice, params) for choice in choices]
         finally:
             with self._state:
@@ -227,9 +227,10 @@ class VLLMEngine:
 
     def _unavailable(self, error: Exception) -> EngineUnavailable:
         """The error for a request the server did not answer; restarts a dead server."""
+        self.server.exited_within(5.0)  # a dying server refuses connections before it exits
         failure = self.server.failure()
         if failure is None:
-            return EngineUnavailable(f"the vLLM server did not answer: {error}")
+            return EngineUnavailable(f"the vLLM server did not answer: {error!r}")
         with self._state:
             if self._restarting is None or not self._restarting.is_alive():
                 self._restarting = threading.Thread(

@@ -14,7 +14,6 @@ parent exits, even by SIGKILL, stdin reaches end of file and the whole group is 
 import os
 import runpy
 import signal
-import sys
 import threading
 import time
 
@@ -29,5 +28,5 @@ def _end_group_when_parent_exits() -> None:
 
 if __name__ == "__main__":
     threading.Thread(target=_end_group_when_parent_exits, daemon=True).start()
-    sys.argv = ["vllm.entrypoints.openai.api_server", *sys.argv[1:]]
+    # vLLM parses sys.argv[1:], our arguments; alter_sys points sys.argv[0] at its module.
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)

@@ -182,6 +182,16 @@ class VLLMServer:
             f"the end of its log ({self.log_path}):\n{_tail(self.log_path)}"
         )
 
+    def exited_within(self, seconds: float) -> bool:
+        """Wait up to `seconds` for the server to exit (a refused connection may come first)."""
+        if self._process is None:
+            return True
+        try:
+            self._process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def stop(self) -> None:
         """End the server's process group: SIGTERM, then SIGKILL after a grace period."""
         process, self._process = self._process, None
