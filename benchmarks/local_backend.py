@@ -6,7 +6,12 @@
    on the same weights and dtype, one sequence at a time and as one left-padded batch.
 2. GRPO step time: wall seconds per step of the same work, P prompts x G generations of
    `examples/demo.py`'s arithmetic task, LoRA r=8 on art's default target modules:
-   `art.gather_trajectory_groups` + `model.train` against TRL's `GRPOTrainer`.
+   `art.gather_trajectory_groups` + `model.train` against TRL's `GRPOTrainer`. The reward
+   adds a tie-break of 0.001 x the rollout's index in its group, so every group has reward
+   variance and both trainers train every rollout: the same work on both sides.
+
+Peak RSS is printed beside each time: of the model service's process for ours, of this
+process for the peers (each peak reset through /proc/PID/clear_refs before its part).
 
     python benchmarks/local_backend.py            # the full run (~10 minutes on 2 cores)
     python benchmarks/local_backend.py --quick    # a tiny smoke setting (~2 minutes)
@@ -20,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import platform
 import random
@@ -111,6 +118,10 @@ class BenchArgs:
     seed: int = 0
 
 
+# Added to rollout k of each group's reward: no group is without reward variance, so
+# neither trainer skips (ours) or trains at zero advantage (TRL) any of them.
+TIE_BREAK = 1e-3
+
 QUICK = BenchArgs(max_tokens=32, seconds=4.0, warmup_seconds=1.0, prompts=2, steps=1)
 
 
@@ -124,6 +135,22 @@ class Throughput:
     tokens_per_s: float
     requests: int  # completed requests (sequences) that overlap the measured window
     mean_tokens: float  # completion tokens per request, the stop token included
+    peak_rss_gib: float = 0.0  # of the process that sampled, during this measurement
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Start VmHWM (peak RSS) of `pid` afresh from its current RSS (Linux)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_rss_gib(pid: int) -> float:
+    """VmHWM of `pid` in GiB, 0.0 where /proc does not say."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024**2
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +161,8 @@ class StepTimes:
     generate_seconds: list[float]  # of those, time spent sampling the rollouts
     mean_completion_tokens: float
     mean_reward: float
+    trained_tokens: float  # completion tokens trained per step
+    peak_rss_gib: float  # of the process that sampled and trained
 
     @property
     def mean(self) -> float:
@@ -262,10 +291,18 @@ def generate_throughput(
     return Throughput(sum(counts) / elapsed, len(counts), statistics.fmean(counts))
 
 
+def plain_transformers(base_model: str) -> tuple[Any, Any]:
+    """The weights and dtype the service loads, with transformers' own SDPA attention (the
+    service's loader sets our one-token decode attention on a CPU; the peers get none of it)."""
+    hf_model, tokenizer = models.load(models.resolve(base_model))
+    hf_model.set_attn_implementation("sdpa")
+    return hf_model, tokenizer
+
+
 def generate_peer_inputs(args: BenchArgs) -> tuple[Any, Any, list[list[int]]]:
     """The peer's model and prompts: the same weights and dtype, loaded as the service loads
     them, with the prompts rendered and tokenized exactly as the endpoint does."""
-    hf_model, tokenizer = models.load(models.resolve(args.base_model))
+    hf_model, tokenizer = plain_transformers(args.base_model)
     template = tool_template_for(tokenizer)
     prompt_ids = [
         tokenizer(
@@ -277,19 +314,27 @@ def generate_peer_inputs(args: BenchArgs) -> tuple[Any, Any, list[list[int]]]:
     return hf_model, tokenizer, prompt_ids
 
 
-async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, Throughput]:
+async def rollout_part(
+    model: art.TrainableModel, args: BenchArgs, service_pid: int
+) -> dict[str, Throughput]:
+    c = args.concurrency
     print("rollout throughput: ours @1 ...", flush=True)
     results = {"ours@1": await ours_throughput(model, args, 1)}
-    print(f"rollout throughput: ours @{args.concurrency} ...", flush=True)
-    results[f"ours@{args.concurrency}"] = await ours_throughput(model, args, args.concurrency)
+    print(f"rollout throughput: ours @{c} ...", flush=True)
+    reset_peak_rss(service_pid)
+    results[f"ours@{c}"] = replace(
+        await ours_throughput(model, args, c), peak_rss_gib=peak_rss_gib(service_pid)
+    )
 
     hf_model, tokenizer, prompt_ids = generate_peer_inputs(args)
     torch.manual_seed(args.seed)
     print("rollout throughput: HF generate @1 ...", flush=True)
     results["generate@1"] = generate_throughput(hf_model, tokenizer, prompt_ids, args, 1)
-    print(f"rollout throughput: HF generate batch @{args.concurrency} ...", flush=True)
-    results[f"generate-batch@{args.concurrency}"] = generate_throughput(
-        hf_model, tokenizer, prompt_ids, args, args.concurrency
+    print(f"rollout throughput: HF generate batch @{c} ...", flush=True)
+    reset_peak_rss(os.getpid())
+    results[f"generate-batch@{c}"] = replace(
+        generate_throughput(hf_model, tokenizer, prompt_ids, args, c),
+        peak_rss_gib=peak_rss_gib(os.getpid()),
     )
     return results
 
@@ -297,12 +342,15 @@ async def rollout_part(model: art.TrainableModel, args: BenchArgs) -> dict[str, 
 # --- GRPO step ---------------------------------------------------------------------------------
 
 
-async def ours_grpo(model: art.TrainableModel, args: BenchArgs, demo: ModuleType) -> StepTimes:
+async def ours_grpo(
+    model: art.TrainableModel, args: BenchArgs, demo: ModuleType, service_pid: int, history: Path
+) -> StepTimes:
     """One step = gather P groups x G rollouts through the endpoint + `model.train`."""
     client = model.openai_client()
+    reset_peak_rss(service_pid)
     questions = _questions(args)
 
-    async def rollout(a: int, b: int) -> art.Trajectory:
+    async def rollout(a: int, b: int, index: int) -> art.Trajectory:
         trajectory = art.Trajectory(messages_and_choices=_arithmetic_messages(demo.SYSTEM, a, b))
         completion = await client.chat.completions.create(
             model=model.get_inference_name(),
@@ -312,18 +360,19 @@ async def ours_grpo(model: art.TrainableModel, args: BenchArgs, demo: ModuleType
         )
         choice = completion.choices[0]
         trajectory.messages_and_choices.append(choice)
-        trajectory.reward = demo.reward(choice.message.content or "", a + b)
+        trajectory.reward = demo.reward(choice.message.content or "", a + b) + TIE_BREAK * index
         return trajectory
 
     seconds: list[float] = []
     generate_seconds: list[float] = []
     tokens: list[float] = []
     rewards: list[float] = []
+    trained: list[float] = []
     for step in range(args.warmup_steps + args.steps):
         started = time.perf_counter()
         groups = await art.gather_trajectory_groups(
             (
-                art.TrajectoryGroup(rollout(a, b) for _ in range(args.generations))
+                art.TrajectoryGroup(rollout(a, b, k) for k in range(args.generations))
                 for a, b in questions
             ),
             pbar_desc=None,
@@ -339,7 +388,21 @@ async def ours_grpo(model: art.TrainableModel, args: BenchArgs, demo: ModuleType
             trajectories = [t for group in groups for t in group.trajectories]
             tokens += [float(completion_tokens(t)) for t in trajectories]
             rewards += [t.reward for t in trajectories]
-    return StepTimes(seconds, generate_seconds, statistics.fmean(tokens), statistics.fmean(rewards))
+            trained.append(await asyncio.to_thread(_last_tokens_trained, history))
+    return StepTimes(
+        seconds,
+        generate_seconds,
+        statistics.fmean(tokens),
+        statistics.fmean(rewards),
+        statistics.fmean(trained),
+        peak_rss_gib(service_pid),
+    )
+
+
+def _last_tokens_trained(history: Path) -> float:
+    """`train/tokens_trained` of the last training row of a model's history.jsonl."""
+    rows = [json.loads(line) for line in history.read_text().splitlines()]
+    return float([row for row in rows if "train/tokens_trained" in row][-1]["train/tokens_trained"])
 
 
 def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str) -> StepTimes:
@@ -388,7 +451,11 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
     def reward(
         completions: list[list[dict[str, str]]], expected: list[int], **_: Any
     ) -> list[float]:
-        return [demo.reward(c[0]["content"], e) for c, e in zip(completions, expected, strict=True)]
+        # TRL lists each prompt's G completions together, so k % G is the index in the group.
+        return [
+            demo.reward(c[0]["content"], e) + TIE_BREAK * (k % args.generations)
+            for k, (c, e) in enumerate(zip(completions, expected, strict=True))
+        ]
 
     questions = _questions(args)
     dataset = Dataset.from_list(
@@ -434,7 +501,7 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
         disable_tqdm=True,
         seed=args.seed,
     )
-    hf_model, tokenizer = models.load(models.resolve(args.base_model))
+    hf_model, tokenizer = plain_transformers(args.base_model)
     clock = StepClock()
     trainer = TimedGRPOTrainer(
         model=hf_model,
@@ -452,13 +519,18 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
     assert trainer.accelerator.device.type == "cpu"
     assert not trainer.use_vllm
     assert not trainer.use_transformers_continuous_batching
+    reset_peak_rss(os.getpid())
     trainer.train()
     timed = slice(args.warmup_steps, None)
+    mean_length = statistics.fmean(clock.lengths[timed])
     return StepTimes(
         [end - begin for begin, end in itertools.pairwise(clock.marks)][timed],
         trainer.generate_seconds[timed],
-        statistics.fmean(clock.lengths[timed]),
+        mean_length,
         statistics.fmean(clock.rewards[timed]),
+        # Every completion token of every rollout: with the tie-break no advantage is 0.
+        mean_length * args.prompts * args.generations,
+        peak_rss_gib(os.getpid()),
     )
 
 
@@ -494,6 +566,8 @@ def report(
     print()
     print(f"machine: {machine()}")
     print(f"model:   {args.base_model}, dtype {str(dtype).removeprefix('torch.')}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"load average at the end: {load:.1f} (other work on this CPU skews every figure)")
     if rollout is not None:
         c = args.concurrency
         print()
@@ -503,7 +577,7 @@ def report(
         )
         served = "base model, adapter off" if args.serve_base else "trainable model, LoRA on"
         print(f"  ours serves the {served}; the peer runs the base model")
-        print(f"  {'':<34} {'tokens/s':>9} {'requests':>9} {'tokens/request':>15}")
+        print(f"  {'':<34} {'tokens/s':>9} {'requests':>9} {'tokens/request':>15} {'peak RSS':>9}")
         names = {
             "ours@1": "ours @1 (sequential requests)",
             f"ours@{c}": f"ours @{c} (closed loop)",
@@ -512,19 +586,17 @@ def report(
         }
         for key, name in names.items():
             result = rollout[key]
+            peak = f"{result.peak_rss_gib:.2f} GiB" if result.peak_rss_gib else ""
             print(
                 f"  {name:<34} {result.tokens_per_s:>9.1f} {result.requests:>9d} "
-                f"{result.mean_tokens:>15.1f}"
+                f"{result.mean_tokens:>15.1f} {peak:>9}"
             )
         tps = {key: result.tokens_per_s for key, result in rollout.items()}
-        ours_c = tps[f"ours@{c}"] / tps["generate@1"]
-        print(_ratio_line(f"ours@{c} / generate@1", ours_c, "(bar >= 8x)", ours_c >= 8))
-        print(_ratio_line("ours@1 / generate@1", tps["ours@1"] / tps["generate@1"]))
-        print(
-            _ratio_line(
-                f"ours@{c} / generate-batch@{c}", tps[f"ours@{c}"] / tps[f"generate-batch@{c}"]
-            )
-        )
+        batch = tps[f"ours@{c}"] / tps[f"generate-batch@{c}"]
+        print(_ratio_line(f"ours@{c} / generate-batch@{c}", batch, "(bar >= 1.3x)", batch >= 1.3))
+        single = tps["ours@1"] / tps["generate@1"]
+        print(_ratio_line("ours@1 / generate@1", single, "(bar >= 1.0x)", single >= 1.0))
+        print(_ratio_line(f"ours@{c} / generate@1", tps[f"ours@{c}"] / tps["generate@1"]))
     if ours is not None and trl is not None:
         print()
         print(
@@ -533,17 +605,20 @@ def report(
             f"{args.learning_rate:g}; {args.warmup_steps} warmup + {args.steps} timed steps"
         )
         print(
-            f"  {'':<10} {'s/step':>8} {'min':>7} {'max':>7} {'sampling s':>11} "
-            f"{'tokens/rollout':>15} {'reward':>7}"
+            f"  {'':<6} {'s/step':>7} {'min':>6} {'max':>6} {'sampling s':>11} "
+            f"{'tokens/rollout':>15} {'trained tokens':>15} {'s/1k trained':>13} "
+            f"{'reward':>7} {'peak RSS':>9}"
         )
         for name, times in (("ours", ours), ("TRL", trl)):
             print(
-                f"  {name:<10} {times.mean:>8.2f} {min(times.seconds):>7.2f} "
-                f"{max(times.seconds):>7.2f} {statistics.fmean(times.generate_seconds):>11.2f} "
-                f"{times.mean_completion_tokens:>15.1f} {times.mean_reward:>7.2f}"
+                f"  {name:<6} {times.mean:>7.2f} {min(times.seconds):>6.2f} "
+                f"{max(times.seconds):>6.2f} {statistics.fmean(times.generate_seconds):>11.2f} "
+                f"{times.mean_completion_tokens:>15.1f} {times.trained_tokens:>15.0f} "
+                f"{1000 * times.mean / max(times.trained_tokens, 1):>13.2f} "
+                f"{times.mean_reward:>7.2f} {times.peak_rss_gib:>5.2f} GiB"
             )
         ratio = ours.mean / trl.mean
-        print(_ratio_line("ours / TRL seconds per step", ratio, "(bar <= 1x)", ratio <= 1))
+        print(_ratio_line("ours / TRL seconds per step", ratio, "(bar <= 0.67x)", ratio <= 0.67))
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -569,11 +644,13 @@ async def run(args: BenchArgs) -> None:
             )
             model = art.TrainableModel(name="bench", project="bench", base_model=args.base_model)
             await model.register(backend)
+            service_pid = backend._service._process.pid  # type: ignore[union-attr]
             if "rollout" in args.parts:
-                rollout = await rollout_part(model, args)
+                rollout = await rollout_part(model, args, service_pid)
             if "grpo" in args.parts:
                 print("GRPO step: ours ...", flush=True)
-                ours = await ours_grpo(model, args, demo)
+                history = Path(path) / "bench" / "models" / "bench" / "history.jsonl"
+                ours = await ours_grpo(model, args, demo, service_pid, history)
         finally:
             await backend.close()
         if "grpo" in args.parts:

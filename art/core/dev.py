@@ -74,7 +74,7 @@ class InitArgs(_Config):
 class EngineArgs(_Config):
     """How the inference engine serves the model."""
 
-    max_num_seqs: int = Field(default=32, ge=1, description="Most sequences decoded together.")
+    max_num_seqs: int = Field(default=64, ge=1, description="Most sequences decoded together.")
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0, le=1, description="Share of GPU memory vLLM may take."
     )
@@ -82,6 +82,12 @@ class EngineArgs(_Config):
         default=None, ge=16, description="Longest prompt plus completion served."
     )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs in vLLM.")
+    merge_lora: bool | None = Field(
+        default=None,
+        description="Transformers engine: sample from a plain copy of the base model with the "
+        "served LoRA adapter merged in (faster decoding, the base weights' memory once more). "
+        "None: on for a CPU model when the copy takes under a quarter of the free memory.",
+    )
 
 
 class PeftArgs(_Config):

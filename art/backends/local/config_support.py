@@ -7,6 +7,8 @@ Per engine:
 - `engine_args.max_num_seqs`, `max_model_len`: both engines.
 - `engine_args.gpu_memory_utilization`: vLLM only (on CPU, vLLM's share of RAM).
 - `engine_args.enforce_eager`: vLLM only (no CUDA graphs).
+- `engine_args.merge_lora`: the transformers engine only, and not with adapters on the
+  embeddings or LM head.
 - `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): vLLM on CUDA only.
 """
 
@@ -33,8 +35,22 @@ def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None
             "Leave load_in_4bit False; InitArgs(dtype='bfloat16') halves the weights' memory",
         )
     if engine == "vllm":
+        if config.engine_args.merge_lora is not None:
+            raise ConfigError(
+                "_internal_config.engine_args.merge_lora",
+                "chooses how the transformers engine samples; vLLM applies LoRA adapters "
+                "with its own kernels",
+                "Remove merge_lora, or set engine='transformers'",
+            )
         _check_vllm(config)
         return
+    if config.engine_args.merge_lora and not mergeable(config.peft_args.target_modules):
+        raise ConfigError(
+            "_internal_config.engine_args.merge_lora",
+            "cannot merge adapters on the embeddings or LM head (peft_args.target_modules "
+            f"{list(config.peft_args.target_modules)}) into the sampling copy",
+            "Leave merge_lora unset, or target only the decoder's projections",
+        )
     no_vllm = "needs engine='vllm'; the transformers engine serves this model"
     if config.engine_args.gpu_memory_utilization is not None:
         raise ConfigError(
@@ -86,4 +102,10 @@ def _check_vllm(config: dev.InternalModelConfig) -> None:
         )
 
 
-__all__ = ["check_supported"]
+def mergeable(target_modules: tuple[str, ...]) -> bool:
+    """Whether adapters on these modules can be merged into the engine's sampling copy (not
+    the embeddings or LM head: in the copy they may be one tied tensor)."""
+    return not {"embed_tokens", "lm_head", "wte", "embed_in"} & set(target_modules)
+
+
+__all__ = ["check_supported", "mergeable"]

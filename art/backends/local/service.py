@@ -38,7 +38,7 @@ from ...core.types import TrainConfig
 from ...core.validation import check_trainable
 from . import models
 from .chat_format import tool_template_for
-from .config_support import check_supported
+from .config_support import check_supported, mergeable
 from .engine import Engine, EngineName, choose_engine
 from .openai_server import Route, build_app
 
@@ -250,7 +250,29 @@ class ModelService:
             model_lock=base.lock,
             select_adapter=base.select_adapter,
             stop_token_ids=stop_token_ids,
+            merged=self._merged_copy(base, resolved, config),
         )
+
+    def _merged_copy(
+        self, base: _Base, resolved: models.ResolvedModel, config: dev.InternalModelConfig
+    ) -> Any:
+        """The transformers engine's plain sampling copy (`EngineArgs.merge_lora`), or None."""
+        from .memory import budget
+        from .merged import MergedCopy
+
+        device = _training_device(config)
+        wanted = config.engine_args.merge_lora
+        if wanted is None:
+            size = sum(p.numel() * p.element_size() for p in base.model.parameters())
+            free = budget(base.model.device, None).available
+            wanted = (
+                device == "cpu" and mergeable(config.peft_args.target_modules) and size < free // 4
+            )
+        if not wanted:
+            return None
+        plain, _ = models.load(resolved, config.init_args.dtype, device)
+        plain.requires_grad_(False)
+        return MergedCopy(base.model, plain)
 
     def _load_base(
         self,

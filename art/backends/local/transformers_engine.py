@@ -37,7 +37,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import kv_cache, sampling
 from .engine import OnToken, Sample, SamplingParams, text_until_stop
+from .merged import MergedCopy
 from .structured import Grammars
 
 _MAX_WAIT_STEPS = 8
@@ -78,7 +80,7 @@ class _Batch:
     """The running rows and their decoding state, row i of every tensor being rows[i]."""
 
     rows: list[_Row]
-    cache: Any  # transformers.DynamicCache
+    cache: Any  # a transformers Cache of kv_cache.GrowingLayer
     attention: torch.Tensor  # (rows, cached length)
     next_position: torch.Tensor  # (rows, 1)
     logits: torch.Tensor  # (rows, vocab): the distribution of each row's next token
@@ -102,8 +104,11 @@ class TransformersEngine:
         select_adapter: Callable[[str | None], contextlib.AbstractContextManager[None]],
         stop_token_ids: set[int],
         batch_window_s: float = 0.01,
+        merged: MergedCopy | None = None,
     ) -> None:
         self.model = model
+        self.merged = merged  # a plain copy to sample from, the served adapter merged in
+        self._running_model: Any = model  # what the running batch calls
         self.tokenizer = tokenizer
         self.max_num_seqs = max_num_seqs
         self.model_lock = model_lock
@@ -155,7 +160,11 @@ class TransformersEngine:
         try:
             with self.model_lock:
                 self._pausing.clear()
-                yield
+                try:
+                    yield
+                finally:
+                    if self.merged is not None:  # whoever paused may have changed adapters
+                        self.merged.invalidate()
         finally:
             self._pausing.clear()
 
@@ -184,6 +193,9 @@ class TransformersEngine:
             admitted: list[_Request] = []
             try:
                 with self.model_lock, self.select_adapter(adapter), torch.inference_mode():
+                    self._running_model = (
+                        self.merged.model_for(adapter) if self.merged is not None else self.model
+                    )
                     batch: _Batch | None = None
                     while True:
                         new = self._admit(adapter, running=len(batch.rows) if batch else 0)
@@ -269,8 +281,6 @@ class TransformersEngine:
 
     def _prefill(self, requests: list[_Request]) -> _Batch | None:
         """The requests' prompts run as one batch; None when every request failed alone."""
-        from transformers import DynamicCache
-
         rows: list[_Row] = []
         for request in requests:
             try:
@@ -289,8 +299,8 @@ class TransformersEngine:
             attention[i, longest - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        output = self.model(
+        cache = kv_cache.new_cache()
+        output = self._running_model(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
@@ -325,13 +335,7 @@ class TransformersEngine:
         if running is None or not running.rows:
             return new
         length = max(running.attention.shape[1], new.attention.shape[1])
-        for old_layer, new_layer in zip(running.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat(
-                [_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)]
-            )
-            old_layer.values = torch.cat(
-                [_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)]
-            )
+        kv_cache.join(running.cache, new.cache, length)
         attention = torch.cat(
             [_left_pad(running.attention, length, dim=1), _left_pad(new.attention, length, dim=1)]
         )
@@ -350,15 +354,20 @@ class TransformersEngine:
             return batch
         logits = batch.logits
         constrained = [i for i, row in enumerate(batch.rows) if row.matcher is not None]
-        tokens = self._sample(self._constrain(logits, batch.rows, constrained), batch.rows)
+        tokens = sampling.sample(
+            self._constrain(logits, batch.rows, constrained),
+            [row.request.params.temperature for row in batch.rows],
+            [row.request.params.top_p for row in batch.rows],
+            [row.generator for row in batch.rows],
+        )
         # The logprobs returned for training are under the model's own temperature-1
         # distribution, unmasked: the one the trainer recomputes for the importance ratio.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+        normalizers = sampling.normalizers(logits)
+        chosen = (logits.gather(1, tokens[:, None]).squeeze(1) - normalizers).tolist()
         token_list = tokens.tolist()
         for i, row in enumerate(batch.rows):
             try:
-                self._advance(row, token_list[i], chosen[i], logprobs[i])
+                self._advance(row, token_list[i], chosen[i], logits[i], normalizers[i])
             except Exception as error:  # this row's grammar or callback: it ends alone
                 row.request.fail(error)
         keep = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
@@ -368,7 +377,7 @@ class TransformersEngine:
         if not batch.rows:
             return batch
         attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], dim=1)
-        output = self.model(
+        output = self._running_model(
             input_ids=tokens[:, None],
             attention_mask=attention,
             position_ids=batch.next_position,
@@ -383,11 +392,13 @@ class TransformersEngine:
             output.logits[:, -1, :].float(),
         )
 
-    def _advance(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
+    def _advance(
+        self, row: _Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+    ) -> None:
         """Give `row` its sampled token; answer its request once all its rows are done."""
         if row.matcher is not None and not row.matcher.consume_token(token):
             raise RuntimeError(f"the grammar rejected its own token: {row.matcher.get_error()}")
-        self._append(row, token, logprob, logprobs)
+        self._append(row, token, logprob, logits, normalizer)
         if row.request.on_token is not None:
             row.request.on_token(row.index, token)
         if row.done:
@@ -423,37 +434,15 @@ class TransformersEngine:
         masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
         return masked
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
-        device = logits.device
-        temperatures = torch.tensor([row.request.params.temperature for row in rows], device=device)
-        greedy = temperatures == 0
-        probs = torch.softmax(logits / temperatures.clamp(min=1e-5)[:, None], dim=-1)
-        top_p = torch.tensor([row.request.params.top_p for row in rows], device=device)
-        if bool((top_p < 1).any()):
-            # Nucleus sampling (Holtzman et al., 2019): keep the smallest set of tokens
-            # whose probability reaches top_p, always at least the most likely one.
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            before = sorted_probs.cumsum(-1) - sorted_probs
-            sorted_probs[before >= top_p[:, None]] = 0
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
-        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
-        unseeded = [i for i, row in enumerate(rows) if row.generator is None]
-        if unseeded:
-            index = torch.tensor(unseeded, device=device)
-            tokens[index] = torch.multinomial(probs[index], 1).squeeze(1)
-        for i, row in enumerate(rows):
-            if row.generator is not None:
-                tokens[i] = torch.multinomial(probs[i].cpu(), 1, generator=row.generator)[0]
-        if bool(greedy.any()):
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
-        return tokens
-
-    def _append(self, row: _Row, token: int, logprob: float, logprobs: torch.Tensor) -> None:
+    def _append(
+        self, row: _Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+    ) -> None:
         params, sample = row.request.params, row.sample
         sample.token_ids.append(token)
         sample.logprobs.append(logprob)
         if params.top_logprobs:
-            values, ids = logprobs.topk(params.top_logprobs)
+            values, ids = logits.topk(params.top_logprobs)
+            values = values - normalizer
             sample.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
         if token in self.stop_token_ids:
             sample.finish_reason, row.done = "stop", True

@@ -1,0 +1,136 @@
+"""The decode loop's KV cache: preallocated, so a decode step does not copy it.
+
+transformers' `DynamicLayer` concatenates each new token's keys and values onto the
+whole cache, every layer, every step: the cache is copied once per token, which on a
+CPU cost a decode step more than its attention. `GrowingLayer` (a `DynamicLayer`, the
+extension point `Cache(layer_class_to_replicate=...)` takes) writes each token into
+spare room at the end of a buffer and hands attention a view of the filled part; the
+buffer is reallocated with room to spare only when it is full.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache, DynamicLayer
+
+_SPARE_MIN = 64  # tokens of room added at least when a buffer is (re)allocated
+
+
+class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """One layer's keys and values: `keys`/`values` are views of `length` filled positions."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+        self._key_buffer = torch.empty(0)
+        self._value_buffer = torch.empty(0)
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        self._reserve(self.length + new, key_states, value_states)
+        self._key_buffer[:, :, self.length : self.length + new].copy_(key_states)
+        self._value_buffer[:, :, self.length : self.length + new].copy_(value_states)
+        self._set_length(self.length + new)
+        return self._filled(keys=True), self._filled(keys=False)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.length:
+            self._key_buffer = self._key_buffer[indices]
+            self._value_buffer = self._value_buffer[indices]
+            self._set_length(self.length)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
+            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
+            self._set_length(self.length)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        self._set_length(max(0, self.length + tokens_to_remove))
+
+    def reset(self) -> None:
+        self._key_buffer = self._value_buffer = torch.empty(0)
+        self.length = 0
+        super().reset()
+
+    def join(self, other: GrowingLayer, length: int) -> None:
+        """Append `other`'s rows below this layer's, both left-padded to `length` positions."""
+        keys = torch.cat(
+            [
+                _left_pad(self._filled(keys=True), length),
+                _left_pad(other._filled(keys=True), length),
+            ]
+        )
+        values = torch.cat(
+            [
+                _left_pad(self._filled(keys=False), length),
+                _left_pad(other._filled(keys=False), length),
+            ]
+        )
+        self.length = 0
+        self._reserve(length, keys, values, fresh=True)
+        self._key_buffer[:, :, :length].copy_(keys)
+        self._value_buffer[:, :, :length].copy_(values)
+        self._set_length(length)
+
+    def _reserve(
+        self, needed: int, keys: torch.Tensor, values: torch.Tensor, *, fresh: bool = False
+    ) -> None:
+        """Room for `needed` positions of rows shaped like `keys`; `fresh` always reallocates."""
+        buffer = self._key_buffer
+        fits = buffer.dim() == 4 and buffer.shape[0] == keys.shape[0] and buffer.shape[2] >= needed
+        if fits and not fresh:
+            return
+        capacity = needed + max(_SPARE_MIN, needed // 2)
+        rows, heads, _, head_dim = keys.shape
+        key_buffer = keys.new_empty((rows, heads, capacity, head_dim))
+        value_buffer = values.new_empty((rows, values.shape[1], capacity, values.shape[3]))
+        if self.length:
+            key_buffer[:, :, : self.length].copy_(self._filled(keys=True))
+            value_buffer[:, :, : self.length].copy_(self._filled(keys=False))
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        self.keys = self._filled(keys=True)
+        self.values = self._filled(keys=False)
+
+    def _filled(self, *, keys: bool) -> torch.Tensor:
+        """A view of the `length` filled positions of the key or value buffer."""
+        return (self._key_buffer if keys else self._value_buffer)[:, :, : self.length]
+
+
+def new_cache() -> Cache:
+    """An empty cache whose layers are `GrowingLayer`s, added as the model fills them."""
+    return Cache(layer_class_to_replicate=GrowingLayer)
+
+
+def join(running: Cache, new: Cache, length: int) -> None:
+    """Append `new`'s rows to `running` in place, both left-padded (masked) to `length`."""
+    for running_layer, new_layer in zip(running.layers, new.layers, strict=True):
+        assert isinstance(running_layer, GrowingLayer)
+        assert isinstance(new_layer, GrowingLayer)
+        running_layer.join(new_layer, length)
+
+
+def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    missing = length - tensor.shape[2]
+    if missing == 0:
+        return tensor
+    return F.pad(tensor, [0, 0, missing, 0])  # (last dim: none), (positions: left)
+
+
+__all__ = ["GrowingLayer", "join", "new_cache"]

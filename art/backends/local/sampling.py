@@ -1,0 +1,102 @@
+"""Next-token sampling for the decode loop: one pass over the vocabulary per row.
+
+`torch.multinomial` draws one exponential variate per vocabulary entry (49k for the
+default model) with a sequential generator: on a CPU that was the largest single cost
+of a decode step, more than the model's matmuls. Here each row needs one uniform
+variate: the distribution is summed in blocks, the block holding the variate is found
+on the blocks' cumulative sums, then the token inside that block. Exact up to float64
+rounding of the sums, and a zero-probability token is never drawn.
+
+The logprobs returned for training are those of the model's own temperature-1
+distribution (`logsumexp` per row, no full `log_softmax`), whatever the row sampled
+from (temperature, top_p, a grammar's mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_BLOCK = 256  # vocabulary entries summed together before the search
+
+
+def normalizers(logits: torch.Tensor) -> torch.Tensor:
+    """log of each row's partition function: logprob = logit - normalizer ([rows])."""
+    return torch.logsumexp(logits, dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """One token per row of `logits` ([rows, vocab], float32; -inf where masked).
+
+    A row with temperature 0 takes its argmax; a seeded row (a generator) draws its
+    variate from that generator, so the same seed and logits give the same token.
+    """
+    rows = logits.shape[0]
+    device = logits.device
+    temperature = torch.tensor(temperatures, dtype=logits.dtype, device=device)
+    greedy = temperature == 0
+    # Unnormalised probabilities at each row's temperature: exp((l - max) / t).
+    peak = logits.max(dim=-1, keepdim=True).values
+    weights = (logits - peak).div_(temperature.clamp(min=1e-5)[:, None]).exp_()
+    top_p = torch.tensor(top_ps, dtype=logits.dtype, device=device)
+    nucleus = (top_p < 1) & ~greedy
+    if bool(nucleus.any()):
+        index = nucleus.nonzero().squeeze(1)
+        weights[index] = _nucleus(weights[index], top_p[index])
+    uniforms = torch.empty(rows, dtype=torch.float64)
+    unseeded = [i for i, generator in enumerate(generators) if generator is None]
+    if unseeded:
+        uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=generator)[0]
+    tokens = _inverse_cdf(weights, uniforms.to(device))
+    if bool(greedy.any()):
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    return tokens
+
+
+def _nucleus(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al., 2019): keep the smallest set of tokens whose
+    probability reaches top_p, always at least the most likely one."""
+    probs = weights / weights.sum(dim=-1, keepdim=True)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(-1) - sorted_probs
+    sorted_probs[before >= top_p[:, None]] = 0
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token of each row whose cumulative weight first exceeds uniform x total."""
+    rows, vocab = weights.shape
+    padded = -vocab % _BLOCK
+    if padded:
+        weights = torch.nn.functional.pad(weights, (0, padded))
+    blocks = weights.view(rows, -1, _BLOCK)
+    block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    target = uniforms * block_cdf[:, -1]
+    # right=True: the first block whose cumulative weight is > target, so an empty
+    # (all-zero) block is never chosen; clamped for the rounding case target == total.
+    block = torch.searchsorted(block_cdf, target[:, None], right=True).clamp_(
+        max=blocks.shape[1] - 1
+    )
+    before = torch.where(
+        block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), block_cdf.new_zeros(())
+    )
+    inside = blocks[torch.arange(rows, device=weights.device), block.squeeze(1)]
+    inside_cdf = inside.to(torch.float64).cumsum(dim=-1)
+    offset = torch.searchsorted(inside_cdf, target[:, None] - before, right=True)
+    # Rounding can leave the target just past the block's own sum: take its last
+    # nonzero entry then, never a zero-weight one.
+    last_nonzero = _BLOCK - 1 - (inside.flip(-1) > 0).to(torch.int64).argmax(dim=-1, keepdim=True)
+    offset = torch.minimum(offset, last_nonzero)
+    return (block * _BLOCK + offset).squeeze(1).clamp_(max=vocab - 1)
+
+
+__all__ = ["normalizers", "sample"]

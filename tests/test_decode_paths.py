@@ -1,0 +1,206 @@
+"""The decode loop's fast paths give the answers of the plain ones.
+
+- `sampling.sample` draws from the distribution it is given (temperature, top_p, masks),
+  never a zero-probability token, and repeats itself under a seed.
+- The engine's KV cache (`kv_cache.GrowingLayer`) and one-token attention
+  (`decode_attention`) give the same tokens and logprobs as the trainer's full-sequence
+  forward pass (stock SDPA, no cache), rows of different lengths batched together.
+- The merged sampling copy (`merged.MergedCopy`) serves the adapter's current weights:
+  its logprobs equal the PEFT-wrapped model's, and again after the adapter changes.
+fp32 throughout, so the comparisons can be tight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from art.backends.local import sampling
+from art.backends.local.engine import SamplingParams
+from art.backends.local.merged import MergedCopy
+from art.backends.local.trainer import add_adapter
+from art.backends.local.transformers_engine import TransformersEngine
+from art.core.dev import PeftArgs
+
+DRAWS = 40_000
+
+
+def _frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).double() / len(tokens)
+
+
+def _assert_distribution(tokens: torch.Tensor, probs: torch.Tensor) -> None:
+    seen = _frequencies(tokens, len(probs))
+    # Five standard deviations of a binomial frequency, per token (the draws are seeded,
+    # so the test is deterministic; the bound says how far off a bias would have to be).
+    bound = 5 * (probs * (1 - probs) / len(tokens)).sqrt() + 1e-9
+    assert bool(((seen - probs).abs() <= bound).all()), (seen, probs)
+
+
+def test_samples_follow_the_distribution_and_skip_masked_tokens() -> None:
+    torch.manual_seed(0)
+    vocab = 700  # spans three sampling blocks, the last one partly padding
+    logits = torch.randn(vocab) * 0.5  # every unmasked token drawn ~57 times
+    logits[[3, 256, 511, 699]] = float("-inf")  # masked, e.g. by a grammar
+    rows = logits.expand(DRAWS, vocab).contiguous()
+    tokens = sampling.sample(rows, [1.0] * DRAWS, [1.0] * DRAWS, [None] * DRAWS)
+    probs = torch.softmax(logits.double(), -1)
+    assert not bool(torch.isin(tokens, torch.tensor([3, 256, 511, 699])).any())
+    _assert_distribution(tokens, probs)
+
+
+def test_temperature_and_top_p_reshape_the_distribution() -> None:
+    torch.manual_seed(1)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    rows = logits.expand(DRAWS, 5).contiguous()
+    cooled = sampling.sample(rows, [0.5] * DRAWS, [1.0] * DRAWS, [None] * DRAWS)
+    _assert_distribution(cooled, torch.softmax(logits.double() / 0.5, -1))
+    # top_p 0.8 keeps the smallest set reaching 0.8: here the first three tokens.
+    probs = torch.softmax(logits.double(), -1)
+    assert probs[:2].sum() < 0.8 <= probs[:3].sum()
+    nucleus = sampling.sample(rows, [1.0] * DRAWS, [0.8] * DRAWS, [None] * DRAWS)
+    kept = torch.cat([probs[:3] / probs[:3].sum(), torch.zeros(2, dtype=torch.float64)])
+    _assert_distribution(nucleus, kept)
+    greedy = sampling.sample(rows[:10], [0.0] * 10, [1.0] * 10, [None] * 10)
+    assert greedy.tolist() == [0] * 10
+
+
+def test_a_seed_repeats_its_tokens_and_logprobs_use_the_model_distribution() -> None:
+    logits = torch.randn(6, 1000)
+    first = sampling.sample(logits, [1.0] * 6, [1.0] * 6, [torch.Generator().manual_seed(7)] * 6)
+    again = sampling.sample(logits, [1.0] * 6, [1.0] * 6, [torch.Generator().manual_seed(7)] * 6)
+    assert first.tolist() == again.tolist()
+    expected = torch.log_softmax(logits, -1)
+    assert torch.allclose(logits - sampling.normalizers(logits)[:, None], expected, atol=1e-5)
+
+
+def _engine(model: Any, tokenizer: Any, merged: MergedCopy | None = None) -> TransformersEngine:
+    return TransformersEngine(
+        model,
+        tokenizer,
+        max_num_seqs=16,
+        model_lock=threading.Lock(),
+        select_adapter=lambda _: contextlib.nullcontext(),
+        stop_token_ids=set(),
+        merged=merged,
+    )
+
+
+def _prompts(tokenizer: Any) -> list[list[int]]:
+    questions = ["Hi.", "What is 12 + 30? Answer briefly.", "Write one line about the sea at dawn."]
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+        for q in questions
+    ]
+
+
+def _full_forward_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The trainer's view: one forward pass over prompt + completion, no cache."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    predicting = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+    return predicting.gather(1, torch.tensor(tokens)[:, None]).squeeze(1)
+
+
+def _sample_all(
+    engine: TransformersEngine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    adapter: str | None,
+) -> list[Any]:
+    async def run() -> list[Any]:
+        results = await asyncio.gather(
+            *(engine.generate(p, params, n=2, adapter=adapter) for p in prompts)
+        )
+        return [sample for samples in results for sample in samples]
+
+    return asyncio.run(run())
+
+
+def test_cache_and_decode_attention_match_the_full_forward_pass(
+    default_model: tuple[Any, Any],
+) -> None:
+    model, tokenizer = default_model
+    assert model.config._attn_implementation == "art_decode"
+    engine = _engine(model, tokenizer)
+    try:
+        prompts = _prompts(tokenizer)
+        for params in (
+            SamplingParams(max_tokens=24, temperature=0),
+            SamplingParams(max_tokens=24, temperature=1.0, seed=3),
+        ):
+            samples = _sample_all(engine, prompts, params, adapter=None)
+            for prompt, sample in zip([p for p in prompts for _ in range(2)], samples, strict=True):
+                full = _full_forward_logprobs(model, prompt, sample.token_ids)
+                assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4), (
+                    (full - torch.tensor(sample.logprobs)).abs().max()
+                )
+                if params.temperature == 0:  # greedy: every token the full pass's argmax
+                    with torch.no_grad():
+                        logits = model(torch.tensor([prompt + sample.token_ids])).logits[0]
+                    argmax = logits[len(prompt) - 1 : -1].argmax(-1)
+                    assert argmax.tolist() == sample.token_ids
+    finally:
+        engine.close()
+
+
+def test_the_merged_copy_serves_the_adapters_current_weights(
+    default_model: tuple[Any, Any],
+) -> None:
+    base, tokenizer = default_model
+    wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+    wrapped.set_adapter("policy")
+    plain = copy.deepcopy(base).requires_grad_(False)
+    engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
+    prompts = _prompts(tokenizer)[1:2]
+    greedy = SamplingParams(max_tokens=16, temperature=0)
+    try:
+        for round_ in range(2):
+            # A change to the adapter, as a training step makes, under the engine's pause.
+            with engine.paused(), torch.no_grad():
+                for name, parameter in wrapped.named_parameters():
+                    if "lora_B" in name:
+                        parameter.normal_(0, 0.02, generator=torch.Generator().manual_seed(round_))
+            sample = _sample_all(engine, prompts, greedy, adapter="policy")[0]
+            full = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
+            assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4)
+            with wrapped.disable_adapter():
+                unadapted = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
+            assert (unadapted - full).abs().max() > 1e-2  # the adapter did act
+        base_sample = _sample_all(engine, prompts, greedy, adapter=None)[0]
+        with wrapped.disable_adapter():
+            full = _full_forward_logprobs(wrapped, prompts[0], base_sample.token_ids)
+        assert torch.allclose(full, torch.tensor(base_sample.logprobs), atol=1e-4)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "lm_head")])
+def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None:
+    import art
+    from art.backends.local.config_support import check_supported
+    from art.core.errors import ConfigError
+
+    config = art.dev.InternalModelConfig(
+        engine_args=art.dev.EngineArgs(merge_lora=True),
+        peft_args=art.dev.PeftArgs(target_modules=targets),
+    )
+    with pytest.raises(ConfigError, match="merge_lora"):
+        check_supported(config, "transformers")
+    with pytest.raises(ConfigError, match="merge_lora"):
+        check_supported(
+            art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(merge_lora=False)), "vllm"
+        )
