@@ -233,6 +233,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 raise self._failure
         finally:
             self.request_stop()
+            self._save_state()  # drops counted after the last step, too
             for task in [*workers, closer, ticker]:
                 task.cancel()
             await asyncio.gather(*workers, closer, ticker, return_exceptions=True)
@@ -242,6 +243,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 for remove in removers:
                     remove()
                 self._progress.close()
+
+    @property
+    def groups_dropped_stale(self) -> int:
+        """Groups dropped for staleness, over every run of this model (resumed ones too)."""
+        return self._state.groups_dropped_stale
+
+    @property
+    def groups_dropped_no_variance(self) -> int:
+        """Groups dropped because their rewards were all equal, over every run."""
+        return self._state.groups_dropped_no_variance
 
     def _worker_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and self._failure is None:
