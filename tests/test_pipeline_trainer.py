@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -351,3 +352,28 @@ async def single_rollout(model: art.TrainableModel, scenario: dict[str, Any], co
         messages_and_choices=[{"role": "user", "content": scenario["q"]}, choice],
         reward=float(len(choice.message.content or "") % 3),
     )
+
+
+def run_example(path: Path, *options: str) -> str:
+    example = Path(__file__).parent.parent / "examples" / "pipeline.py"
+    small = ["--groups", "1", "--group-size", "2", "--tool-seconds", "0"]
+    result = subprocess.run(
+        [sys.executable, str(example), "--path", str(path), *small, *options],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_pipeline_example_trains_then_resumes(tmp_path: Path) -> None:
+    first = run_example(tmp_path, "--steps", "1")
+    assert "step 1: reward" in first
+    run = tmp_path / "art-pipeline" / "models" / "arithmetic"
+    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    second = run_example(tmp_path, "--steps", "2")
+    assert "resuming the run" in second
+    assert "at step 1" in second
+    assert (run / "checkpoints" / "0002" / "adapter_model.safetensors").is_file()
