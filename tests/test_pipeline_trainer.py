@@ -198,12 +198,26 @@ async def test_no_variance_groups_are_dropped_and_staleness_stays_within_one_ste
 ) -> None:
     model = await dedicated_model(backend, "flat")
     scenarios = [scenario(0, flat=True), scenario(1, flat=True), *map(scenario, range(2, 9))]
+    evaluated: list[tuple[int, int]] = []
+
+    async def eval_fn(model: art.TrainableModel, step: int, config: None) -> list[art.Trajectory]:
+        completion = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(step),
+            messages=[{"role": "user", "content": "What is 2 + 2?"}],
+            max_tokens=4,
+        )
+        choice = completion.choices[0]
+        evaluated.append((step, choice.policy_version))
+        return [art.Trajectory(messages_and_choices=[choice], reward=1.0)]
+
     trainer = PipelineTrainer(
         model,
         backend,
         rollout,
         scenarios,
         None,
+        eval_fn,
+        eval_every_n_steps=1,
         num_rollout_workers=3,
         min_batch_size=1,
         max_batch_size=2,
@@ -222,6 +236,11 @@ async def test_no_variance_groups_are_dropped_and_staleness_stays_within_one_ste
     assert state["groups_dropped_no_variance"] == 2
     assert state["scenario_offset"] == len(scenarios)
     assert state["training_step"] == await model.get_step() > 0
+    # eval_fn ran at the start and after every step, on that step's checkpoint.
+    final = await model.get_step()
+    assert sorted(evaluated) == [(step, step) for step in range(final + 1)]
+    val_steps = [r["step"] for r in history(directory) if "val/reward" in r]
+    assert sorted(val_steps) == list(range(final + 1))
 
 
 async def test_a_request_in_flight_keeps_its_adapter_across_a_checkpoint_switch(

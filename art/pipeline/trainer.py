@@ -47,6 +47,7 @@ from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 logger = logging.getLogger("art.pipeline")
 
 _END = object()  # the queue's end: every worker is done
+_STOPPED = object()  # request_stop() while the trainer waited for groups
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
@@ -317,7 +318,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             else:
                 item = self._queue.get_nowait()
             self._progress.queue_depth = self._queue.qsize()
-            if item is _END:
+            if item is _STOPPED:  # a partial batch is not trained after a stop
+                return [], stale, no_variance, True
+            if item is _END:  # the scenarios ran out: what is left still trains
                 return batch, stale, no_variance, True
             group = cast(TrajectoryGroup, item)
             if not group.trajectories and group.exceptions:
@@ -363,7 +366,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             stopper.cancel()
             if not getter.done():
                 getter.cancel()
-        return getter.result() if getter.done() and not getter.cancelled() else _END
+        return getter.result() if getter.done() and not getter.cancelled() else _STOPPED
 
     # --- rollouts ---------------------------------------------------------------------
 
