@@ -2,7 +2,10 @@
 
 The task is `examples/demo.py`'s (small additions, the bare number pays 1.0), with an
 environment that takes real time: after the model answers, the rollout waits
-`--tool-seconds` (a sleep standing for a tool call) before it is scored.
+`--tool-seconds` (a sleep standing for a tool call) before it is scored. The demo's reward
+loses up to 0.01 for length (`shaped_reward`), so the rollouts of a group rarely tie:
+PipelineTrainer drops groups whose rewards are all equal (ART's rule) and would sample
+more groups per step than the sync loop, which trains them (to no effect) instead.
 
 - **sync**: the loop users write first, on a shared LocalBackend (all cores for each
   phase): gather `--groups` groups of `--group-size` rollouts, `model.train`, repeat.
@@ -11,7 +14,8 @@ environment that takes real time: after the model answers, the rollout waits
 - **pipeline**: `art.PipelineTrainer` on a LocalBackend in dedicated mode on the CPU
   (`trainer_gpu_ids=[]`, `inference_gpu_ids=[]`: a serving copy of the weights, half the
   cores each), `min_batch_size = max_batch_size = --groups`, so every step trains the same
-  number of groups as the sync loop; `max_steps_off_policy` = `--off-policy`.
+  number of groups as the sync loop; `max_steps_off_policy` = `--off-policy`;
+  `num_rollout_workers` = `--workers` (default `--groups`: one batch in flight).
 
 Both train `--steps` steps from the same fresh adapter with the same learning rate.
 Printed: the machine, each run's wall time, the ratio, rollouts sampled and trained, and
@@ -77,6 +81,7 @@ class Settings:
     group_size: int
     tool_seconds: float
     off_policy: int
+    workers: int
     learning_rate: float
     seed: int
 
@@ -103,9 +108,14 @@ async def rollout(
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
     await asyncio.sleep(settings.tool_seconds)  # the environment: a tool call takes time
-    trajectory.reward = DEMO.reward(choice.message.content or "", a + b)
+    trajectory.reward = shaped_reward(choice.message.content or "", a + b)
     run.rollouts_sampled += 1
     return trajectory
+
+
+def shaped_reward(answer: str, expected: int) -> float:
+    """The demo's reward, minus up to 0.01 for length (a tie-breaker, not the task)."""
+    return float(DEMO.reward(answer, expected)) - 0.01 * min(len(answer), 100) / 100
 
 
 async def fresh_model(path: Path, name: str, dedicated: bool) -> tuple[Any, Any]:
@@ -165,8 +175,9 @@ async def run_pipeline(path: Path, settings: Settings) -> Run:
         group_rollout,
         question_stream(settings.seed),
         settings,
-        # Enough workers to fill the next batch while a step trains.
-        num_rollout_workers=2 * settings.groups,
+        # One batch in flight while a step trains: more workers only sample groups that
+        # go stale before a step can take them.
+        num_rollout_workers=settings.workers,
         min_batch_size=settings.groups,
         max_batch_size=settings.groups,
         max_steps=settings.steps,
@@ -223,7 +234,7 @@ def report(settings: Settings, runs: list[Run]) -> None:
     print(
         f"work: {settings.steps} steps x {settings.groups} groups x {settings.group_size} "
         f"rollouts, tool wait {settings.tool_seconds:g} s per rollout, "
-        f"learning_rate {settings.learning_rate:g}"
+        f"learning_rate {settings.learning_rate:g}, pipeline workers {settings.workers}"
     )
     for run in runs:
         first, last = rises(run.rewards)
@@ -254,6 +265,9 @@ def parse() -> Settings:
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per group")
     parser.add_argument("--tool-seconds", type=float, default=3.0)
     parser.add_argument("--off-policy", type=int, default=1, help="max_steps_off_policy")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="num_rollout_workers (default: --groups)"
+    )
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="3 steps x 2 groups x 4")
@@ -266,6 +280,7 @@ def parse() -> Settings:
         group_size=args.group_size,
         tool_seconds=args.tool_seconds,
         off_policy=args.off_policy,
+        workers=args.workers or args.groups,
         learning_rate=args.learning_rate,
         seed=args.seed,
     )
