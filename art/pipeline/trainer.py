@@ -192,7 +192,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._training = False
         self._queue: asyncio.Queue[object] | None = None
         self._evals: list[asyncio.Task[None]] = []
-        self.collapsed = False
+        self._failure: BaseException | None = None  # a worker's, raised by train()
+        self._unqueued = 0  # finished groups waiting for room in the queue
+        self.collapsed = False  # stopped for too many groups without reward variance
 
     # --- the run ----------------------------------------------------------------------
 
@@ -318,6 +320,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             else:
                 item = self._queue.get_nowait()
             self._progress.queue_depth = self._queue.qsize()
+            await self._notify_policy()  # room for a new rollout, perhaps
             if item is _STOPPED:  # a partial batch is not trained after a stop
                 return [], stale, no_variance, True
             if item is _END:  # the scenarios ran out: what is left still trains
@@ -399,18 +402,36 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 )
             group.metadata.update(_scenario_metadata(scenario))
             stamp_versions(group, started_at=started, finished_at=self._policy_step)
-            await self._queue.put(group)
+            self._unqueued += 1  # still counted by the gate while put waits for room
+            try:
+                await self._queue.put(group)
+            finally:
+                self._unqueued -= 1
             self._progress.queue_depth = self._queue.qsize()
 
     async def _wait_for_policy(self) -> None:
-        """Hold a new rollout while the policy is more than k steps behind the training step."""
+        """Hold a new rollout while it could not be trained within the staleness bound.
+
+        ART's gate: the policy may be at most k steps behind the step being trained. And
+        ours: no new rollout while the queue already holds the groups of every step the
+        bound still allows (k more while a step trains, k + 1 otherwise, `max_batch_size`
+        groups each): a group started then would be dropped as stale, and on a small
+        machine sampling it takes CPU from training. Rollouts in flight are not counted,
+        so one that waits on the training itself cannot hold the others back.
+        """
         limit = self.max_steps_off_policy
         if limit is None:
             return
 
         def ready() -> bool:
+            if self._stop.is_set():
+                return True
             training_step = self._policy_step + (1 if self._training else 0)
-            return self._stop.is_set() or training_step - self._policy_step <= limit
+            if training_step - self._policy_step > limit:
+                return False
+            steps_left = limit if self._training else limit + 1
+            queued = (self._queue.qsize() if self._queue else 0) + self._unqueued
+            return queued < steps_left * self.max_batch_size
 
         async with self._policy_changed:
             await self._policy_changed.wait_for(ready)
@@ -497,8 +518,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 continue  # not the main thread, or not a Unix loop
             removers.append(lambda sig=sig: loop.remove_signal_handler(sig))
         return removers
-
-    _failure: BaseException | None = None
 
 
 def make_group_rollout_fn(
