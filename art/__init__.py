@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingError": "art.core.errors",
     "TrajectoryValidationError": "art.core.errors",
     "LocalBackend": "art.backends.local",
+    "PipelineTrainer": "art.pipeline",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
     "yield_trajectory": "art.integrations.capture",
@@ -71,6 +72,7 @@ _SUBMODULES = {
     "mcp",
     "autorl",
     "ruler",
+    "pipeline_trainer",
 }
 
 __all__ = sorted([*_EXPORTS, "dev"])
@@ -149,3 +151,4 @@ if TYPE_CHECKING:
     from .integrations.capture import capture_auto_trajectory as capture_auto_trajectory
     from .integrations.capture import capture_yielded_trajectory as capture_yielded_trajectory
     from .integrations.capture import yield_trajectory as yield_trajectory
+    from .pipeline import PipelineTrainer as PipelineTrainer

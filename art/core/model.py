@@ -342,6 +342,21 @@ class TrainableModel(Model):
         grad_norm, entropy, tokens, seconds) is added to `history.jsonl`. Groups whose
         rewards are all equal teach nothing and are skipped, but the step still advances.
         """
+        await self._train_step(trajectory_groups, config, _config, verbose, {})
+
+    async def _train_step(
+        self,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | None,
+        _config: dev.TrainConfig | None,
+        verbose: bool,
+        extra_metrics: dict[str, float],
+    ) -> None:
+        """`train`, with `extra_metrics` added to the step's `train/` history row.
+
+        PipelineTrainer adds its staleness and dropped-group counts this way, so a step
+        keeps one row.
+        """
         backend = self._registered_backend("train")
         groups = coerce_groups(trajectory_groups, "trajectory_groups")
         dev_config = _config or dev.TrainConfig()
@@ -363,7 +378,7 @@ class TrainableModel(Model):
             if error.step is None:  # the trainer does not know which step it was making
                 error.step = step + 1
             raise
-        row: dict[str, float] = group_metrics(groups) | trainer_metrics
+        row: dict[str, float] = group_metrics(groups) | trainer_metrics | extra_metrics
         if row["num_trajectories"] and not row["trainable_groups"]:
             logger.warning(
                 "%s step %d: every group's rewards are equal, so this step learned nothing; "

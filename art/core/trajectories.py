@@ -229,6 +229,11 @@ class Trajectory(BaseModel):
     metrics: dict[str, MetricValue] = Field(default_factory=dict)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
+    # ART's names. The checkpoint step of the policy that sampled this rollout's first and
+    # last turns; PipelineTrainer fills them (from each choice's `policy_version`, which
+    # the LocalBackend endpoint reports) and drops groups sampled too many steps ago.
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
 
     _started_at: float = PrivateAttr(default_factory=time.monotonic)
 

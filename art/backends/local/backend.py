@@ -56,6 +56,11 @@ class LocalBackend:
     def __repr__(self) -> str:
         return f"LocalBackend(path={self.path!r}, in_process={self.in_process})"
 
+    def _supports_concurrent_training_and_inference(self, model: TrainableModel) -> bool:
+        """Dedicated mode (ART's name): the engine keeps serving while a step trains."""
+        config = model.internal_config
+        return config.trainer_gpu_ids is not None and config.inference_gpu_ids is not None
+
     def _store(self, model: Model) -> ModelStore:
         return ModelStore(self.path, model.project, model.name)
 

@@ -9,7 +9,12 @@ Per engine:
 - `engine_args.enforce_eager`: vLLM only (no CUDA graphs).
 - `engine_args.merge_lora`: the transformers engine only, and not with adapters on the
   embeddings or LM head.
-- `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): vLLM on CUDA only.
+- `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): training and inference run
+  side by side, so inference never pauses for a step (PipelineTrainer needs this). On
+  CUDA: vLLM on `inference_gpu_ids`, the trainer on `trainer_gpu_ids[0]`. On a machine
+  without CUDA: both lists empty (`[]`, "no GPU for either"), with the transformers engine;
+  the engine decodes from its own copy of the weights in its own thread, the trainer
+  trains its copy in another, and each side's torch ops get half the cores.
 """
 
 from __future__ import annotations
@@ -65,12 +70,32 @@ def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None
             "Remove enforce_eager, or set engine='vllm'",
         )
     if config.trainer_gpu_ids is not None:
+        _check_cpu_dedicated(config)
+
+
+def is_cpu_dedicated(config: dev.InternalModelConfig) -> bool:
+    """Dedicated mode on the CPU: both GPU lists given and empty."""
+    return config.trainer_gpu_ids == [] and config.inference_gpu_ids == []
+
+
+def _check_cpu_dedicated(config: dev.InternalModelConfig) -> None:
+    """The transformers engine's dedicated mode: on a machine without CUDA, with no GPU ids."""
+    import torch
+
+    if torch.cuda.is_available():
         raise ConfigError(
             "_internal_config.trainer_gpu_ids",
-            "dedicated mode (training and inference on separate GPUs) runs vLLM on its own "
-            "GPUs, and " + no_vllm,
-            "Set engine='vllm' on a CUDA machine, or leave trainer_gpu_ids and "
-            "inference_gpu_ids unset",
+            "dedicated mode on a CUDA machine runs vLLM on inference_gpu_ids, and the "
+            "transformers engine serves this model",
+            "Set engine='vllm' with GPU ids, or leave trainer_gpu_ids and inference_gpu_ids unset",
+        )
+    if not is_cpu_dedicated(config):
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            f"names GPUs ({config.trainer_gpu_ids} and {config.inference_gpu_ids}), and this "
+            "machine has none",
+            "For dedicated mode on the CPU give both lists empty: trainer_gpu_ids=[], "
+            "inference_gpu_ids=[]; or leave both unset (shared mode)",
         )
 
 
@@ -83,7 +108,14 @@ def _check_vllm(config: dev.InternalModelConfig) -> None:
         raise ConfigError(
             "_internal_config.trainer_gpu_ids",
             "dedicated mode puts training and vLLM on separate GPUs, and this machine has none",
-            "Leave trainer_gpu_ids and inference_gpu_ids unset",
+            "Use engine='transformers' with trainer_gpu_ids=[] and inference_gpu_ids=[] "
+            "(dedicated mode on the CPU), or leave both unset",
+        )
+    if not config.trainer_gpu_ids or not config.inference_gpu_ids:
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            "is empty: vLLM's dedicated mode needs a GPU for the trainer and one for vLLM",
+            "Name the GPUs, e.g. trainer_gpu_ids=[0], inference_gpu_ids=[1]",
         )
     count = torch.cuda.device_count()
     wanted = [*config.trainer_gpu_ids, *(config.inference_gpu_ids or [])]
@@ -108,4 +140,4 @@ def mergeable(target_modules: tuple[str, ...]) -> bool:
     return not {"embed_tokens", "lm_head", "wte", "embed_in"} & set(target_modules)
 
 
-__all__ = ["check_supported", "mergeable"]
+__all__ = ["check_supported", "is_cpu_dedicated", "mergeable"]

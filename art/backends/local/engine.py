@@ -4,7 +4,9 @@ Two engines implement `Engine`:
 
 - `transformers_engine.TransformersEngine`: our continuous-batching decode loop over the
   training model itself (any torch device; the CPU default). It serves the adapter being
-  trained live, so a finished step is served at once.
+  trained live, so a finished step is served at once. In dedicated mode on the CPU it
+  decodes from a serving copy of the weights instead and serves checkpoints loaded by
+  name, as vLLM does, so it keeps serving while a step trains.
 - `vllm_engine.VLLMEngine`: vLLM's server in a child process started from its own
   environment (`.venv-vllm` or `ART_VLLM_PYTHON`), fed token ids. It holds its own copy of
   the weights and serves checkpoints: each saved adapter is loaded into it by name.

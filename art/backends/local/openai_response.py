@@ -2,7 +2,8 @@
 
 Each choice carries three fields beyond the OpenAI schema, which training reads:
 `prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
-and `token_logprobs` (their logprobs under the model's temperature-1 distribution).
+and `token_logprobs` (their logprobs under the model's temperature-1 distribution); and
+a fourth, `policy_version`: the checkpoint step that sampled it (None: the base model).
 A stream whose client goes away cancels its generation, so the engine drops its rows.
 """
 
@@ -33,6 +34,7 @@ class Route:
     chat_template: str | None
     adapter: str | None
     context_length: int
+    step: int | None = None  # the checkpoint step `adapter` holds; None: the base model
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ def _choice(
         "prompt_token_ids": job.prompt_ids,
         "token_ids": sample.token_ids,
         "token_logprobs": sample.logprobs,
+        # The checkpoint step that sampled this choice (ART's `policy_version`), so an
+        # asynchronous trainer can tell how stale the rollout is; None for the base model.
+        "policy_version": route.step,
     }
 
 

@@ -3,7 +3,10 @@
 One `ModelService` holds every trainable model registered with a LocalBackend. Models
 that share a base model share its weights: each gets its own LoRA adapter in one PEFT
 model, while the base itself is served under its own name. Decoding and training take
-turns on one lock per base model.
+turns on one lock per base model (shared mode), or, in dedicated mode on the CPU
+(`trainer_gpu_ids=[]`, `inference_gpu_ids=[]`), the engine decodes from a serving copy of
+the weights holding published checkpoints while the trainer trains its own copy, each in
+its own thread, so rollouts never wait for a step.
 
 A trainable model is identified by (project, name): two projects may each have a model
 called `agent`. It is served as `project/name` (the latest step) and
@@ -20,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
+import os
 import re
 import secrets
 import threading
@@ -38,11 +43,14 @@ from ...core.types import TrainConfig
 from ...core.validation import check_trainable
 from . import models
 from .chat_format import tool_template_for
-from .config_support import check_supported, mergeable
+from .config_support import check_supported, is_cpu_dedicated, mergeable
 from .engine import Engine, EngineName, choose_engine
 from .openai_server import Route, build_app
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
+_SERVING_PLACEHOLDER = "serving_copy"  # makes the serving copy a PeftModel; never selected
+
+logger = logging.getLogger("art.service")
 
 
 @dataclass
@@ -56,13 +64,22 @@ class _Base:
     context_length: int
     lock: threading.Lock  # the training model's
     engine_name: EngineName
+    dedicated: bool = False  # the engine has its own weights and keeps serving while we train
     engine: Engine | None = None
     checkpoints: OrderedDict[str, Path] = field(default_factory=OrderedDict)
     checkpoints_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Sole use of the model: the engine stops admitting requests and drains first."""
+        """Sole use of the model: the engine stops admitting requests and drains first.
+
+        In dedicated mode the engine decodes from its own copy, so only the training
+        model's lock is taken and serving goes on.
+        """
+        if self.dedicated:
+            with self.lock:
+                yield
+            return
         with contextlib.ExitStack() as stack:
             if self.engine is not None:
                 stack.enter_context(self.engine.paused())
@@ -90,6 +107,7 @@ class _Trained:
     store: ModelStore
     trainer: Any
     base_model: str  # as the user named it
+    published: int | None = None  # the newest step loaded into an engine with its own weights
 
     def save(self, directory: Path) -> None:
         self.trainer.save(directory)
@@ -221,7 +239,7 @@ class ModelService:
         if base.engine is None:
             base.engine = self._start_engine(base, resolved, config)
         if not base.engine.serves_training_weights:
-            self._checkpoint_adapter(trained, store.step())  # published before it is routed
+            self._publish(trained, store.step())  # published before it is routed
         return trained
 
     def _start_engine(
@@ -243,6 +261,8 @@ class ModelService:
             )
         from .transformers_engine import TransformersEngine
 
+        if base.dedicated:
+            return self._start_serving_copy(base, resolved, config, stop_token_ids)
         return TransformersEngine(
             base.model,
             base.tokenizer,
@@ -250,21 +270,21 @@ class ModelService:
             model_lock=base.lock,
             select_adapter=base.select_adapter,
             stop_token_ids=stop_token_ids,
-            merged=self._merged_copy(base, resolved, config),
+            merged=self._merged_copy(base.model, resolved, config),
         )
 
     def _merged_copy(
-        self, base: _Base, resolved: models.ResolvedModel, config: dev.InternalModelConfig
+        self, served: Any, resolved: models.ResolvedModel, config: dev.InternalModelConfig
     ) -> Any:
-        """The transformers engine's plain sampling copy (`EngineArgs.merge_lora`), or None."""
+        """A plain copy to sample `served`'s adapters from (`EngineArgs.merge_lora`), or None."""
         from .memory import budget
         from .merged import MergedCopy
 
         device = _training_device(config)
         wanted = config.engine_args.merge_lora
         if wanted is None:
-            size = sum(p.numel() * p.element_size() for p in base.model.parameters())
-            free = budget(base.model.device, None).available
+            size = sum(p.numel() * p.element_size() for p in served.parameters())
+            free = budget(served.device, None).available
             wanted = (
                 device == "cpu" and mergeable(config.peft_args.target_modules) and size < free // 4
             )
@@ -272,7 +292,58 @@ class ModelService:
             return None
         plain, _ = models.load(resolved, config.init_args.dtype, device)
         plain.requires_grad_(False)
-        return MergedCopy(base.model, plain)
+        return MergedCopy(served, plain)
+
+    def _start_serving_copy(
+        self,
+        base: _Base,
+        resolved: models.ResolvedModel,
+        config: dev.InternalModelConfig,
+        stop_token_ids: set[int],
+    ) -> Engine:
+        """Dedicated mode on the CPU: an engine over a second copy of the base weights.
+
+        The copy serves checkpoints loaded by name (as vLLM does), so the trainer's copy
+        can train while it decodes. torch's intra-op thread count is one per process, and
+        each thread that runs ops gets its own OpenMP team of that size: half the cores
+        each keeps the decode thread and the training thread from fighting over them.
+        """
+        import torch
+
+        from .trainer import add_adapter
+        from .transformers_engine import TransformersEngine
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 2) // 2)
+        torch.set_num_threads(threads)
+        logger.info(
+            "dedicated mode on the CPU: %d cores, %d torch threads for decoding and %d for "
+            "training",
+            cores,
+            threads,
+            threads,
+        )
+        weights, _ = models.load(resolved, config.init_args.dtype, "cpu")
+        serving: Any = add_adapter(weights, _SERVING_PLACEHOLDER, config.peft_args, seed=0)
+        serving.eval()
+        lock = threading.Lock()
+
+        def select_adapter(adapter: str | None) -> contextlib.AbstractContextManager[None]:
+            if adapter is None:
+                return serving.disable_adapter()  # type: ignore[no-any-return]
+            serving.set_adapter(adapter)
+            return contextlib.nullcontext()
+
+        return TransformersEngine(
+            serving,
+            base.tokenizer,
+            max_num_seqs=config.engine_args.max_num_seqs,
+            model_lock=lock,
+            select_adapter=select_adapter,
+            stop_token_ids=stop_token_ids,
+            serves_training_weights=False,
+            merged=self._merged_copy(serving, resolved, config),
+        )
 
     def _load_base(
         self,
@@ -280,8 +351,18 @@ class ModelService:
         config: dev.InternalModelConfig,
         engine_name: EngineName,
     ) -> _Base:
+        dedicated = is_cpu_dedicated(config)
         if resolved.weights in self._bases:
             base = self._bases[resolved.weights]
+            if base.dedicated != dedicated:
+                mode = "dedicated" if base.dedicated else "shared"
+                raise ConfigError(
+                    "_internal_config.trainer_gpu_ids",
+                    f"{resolved.name!r} is already served in {mode} mode in this backend, and "
+                    "models of one base share their engine",
+                    "Give this model the same trainer_gpu_ids/inference_gpu_ids, or use "
+                    "another LocalBackend path",
+                )
             if base.engine_name != engine_name:
                 raise ConfigError(
                     "_internal_config.engine",
@@ -301,6 +382,7 @@ class ModelService:
             context_length=context,
             lock=threading.Lock(),
             engine_name=engine_name,
+            dedicated=dedicated,
         )
         self._bases[resolved.weights] = base
         return base
@@ -352,8 +434,13 @@ class ModelService:
             replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
         assert base.engine is not None
         if not base.engine.serves_training_weights:
-            self._checkpoint_adapter(trained, step)  # served before the next rollouts
+            self._publish(trained, step)  # served before the next rollouts
         return metrics
+
+    def _publish(self, trained: _Trained, step: int) -> None:
+        """Load checkpoint `step` into the engine, then make it what `name` routes to."""
+        self._checkpoint_adapter(trained, step)
+        trained.published = step
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -369,17 +456,19 @@ class ModelService:
         step = int(step_text) if step_text.isdigit() else None
         assert trained.base.engine is not None
         if trained.base.engine.serves_training_weights:
-            if not step_text or step == trained.store.step():
-                return self._route(trained.base, trained.adapter)
-        elif not step_text:  # an engine with its own weights serves the latest checkpoint
-            step_text, step = "latest", trained.store.step()
+            current = trained.store.step()
+            if not step_text or step == current:
+                return self._route(trained.base, trained.adapter, current)
+        elif not step_text:  # an engine with its own weights serves the latest published one
+            latest = trained.published if trained.published is not None else trained.store.step()
+            step_text, step = "latest", latest
         if step is None or step not in trained.store.checkpoint_steps():
             steps = ", ".join(str(s) for s in trained.store.checkpoint_steps())
             raise KeyError(
                 f"model {served_name(trained.project, trained.name)!r} has no checkpoint "
                 f"{step_text!r}; it has steps {steps}"
             )
-        return self._route(trained.base, self._checkpoint_adapter(trained, step))
+        return self._route(trained.base, self._checkpoint_adapter(trained, step), step)
 
     def _find(self, model: str) -> tuple[_Trained | None, str]:
         """The trainable model `model` names (`project/name` or a unique `name`), and its step.
@@ -423,9 +512,11 @@ class ModelService:
             base.engine.unload_adapter(oldest)
         return adapter
 
-    def _route(self, base: _Base, adapter: str | None) -> Route:
+    def _route(self, base: _Base, adapter: str | None, step: int | None = None) -> Route:
         assert base.engine is not None
-        return Route(base.engine, base.tokenizer, base.chat_template, adapter, base.context_length)
+        return Route(
+            base.engine, base.tokenizer, base.chat_template, adapter, base.context_length, step
+        )
 
     def base_names(self) -> list[str]:
         """The loaded base models, served under their own names."""

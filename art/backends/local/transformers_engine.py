@@ -105,6 +105,7 @@ class TransformersEngine:
         stop_token_ids: set[int],
         batch_window_s: float = 0.01,
         merged: MergedCopy | None = None,
+        serves_training_weights: bool = True,
     ) -> None:
         self.model = model
         self.merged = merged  # a plain copy to sample from, the served adapter merged in
@@ -123,7 +124,9 @@ class TransformersEngine:
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._active_rows = 0
         self.grammars = Grammars(tokenizer, stop_token_ids)
-        self.serves_training_weights = True
+        # False in dedicated mode: `model` is a serving copy that holds checkpoints loaded by
+        # `load_adapter`, while the trainer updates its own copy.
+        self.serves_training_weights = serves_training_weights
         self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._worker.start()
 

@@ -1,0 +1,18 @@
+"""PipelineTrainer: rollouts and training overlapped, staleness bounded.
+
+Imported as ART spells it: `art.PipelineTrainer`, or `from art.pipeline_trainer import
+PipelineTrainer, make_group_rollout_fn`.
+"""
+
+from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from .trainer import PipelineTrainer, make_group_rollout_fn
+
+__all__ = [
+    "ConfigT",
+    "EvalFn",
+    "PipelineTrainer",
+    "RolloutFn",
+    "ScenarioT",
+    "SingleRolloutFn",
+    "make_group_rollout_fn",
+]

@@ -1,0 +1,582 @@
+"""`PipelineTrainer`: rollouts never wait for training (ART's API and defaults).
+
+Three stages run at once on one event loop:
+
+1. **Rollout workers** (`num_rollout_workers`) take scenarios from the iterator, run
+   `rollout_fn(model, scenario, config)` against the model's newest published checkpoint,
+   stamp each trajectory with the policy step that sampled it (the endpoint reports it on
+   every choice as `policy_version`), and queue the finished group.
+2. **The trainer** takes at least `min_batch_size` (at most `max_batch_size`) groups from
+   the queue, drops those sampled more than `max_steps_off_policy` steps before the step
+   they would train at and those whose rewards are all equal, and takes one step on the
+   rest; the backend saves the checkpoint and loads it into the engine before the step
+   returns, so the next rollouts sample from it. Rollouts in flight keep their adapter.
+3. **Evaluation** (`eval_fn(model, step, config)`) every `eval_every_n_steps` steps, in its
+   own task.
+
+With `max_steps_off_policy=k` a worker waits to start a rollout while the policy is more
+than `k` steps behind the step being trained, so `k=0` is the synchronous loop with
+prefetching. Each step's `train/` history row adds `staleness_mean`, `staleness_max`,
+`groups_dropped_stale` and `groups_dropped_no_variance`.
+
+Only a backend that serves while it trains runs this (ART's rule): LocalBackend in
+dedicated mode. A shared LocalBackend pauses inference during every step, which would
+make the pipeline the synchronous loop with extra staleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, cast
+
+from ..core import dev
+from ..core.errors import ConfigError, RolloutError
+from ..core.model import TrainableModel
+from ..core.storage import ModelStore
+from ..core.trajectories import Trajectory, TrajectoryGroup
+from ..core.types import TrainConfig
+from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported
+from ._progress import Progress
+from ._staleness import has_no_variance, is_stale, staleness_metrics, stamp_versions
+from ._state import STATE_FILE, PipelineState
+from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+
+logger = logging.getLogger("art.pipeline")
+
+_END = object()  # the queue's end: every worker is done
+_STOPPED = object()  # request_stop() while the trainer waited for groups
+
+
+class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+    """Runs rollouts continuously and trains on complete groups as they finish.
+
+    Args follow ART's `PipelineTrainer`; each is honoured, or refused with a
+    `ConfigError` naming it where this version cannot honour it.
+    """
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        backend: Any,
+        rollout_fn: RolloutFn[ScenarioT, ConfigT],
+        scenarios: AsyncIterator[ScenarioT] | AsyncIterable[ScenarioT] | Iterable[ScenarioT],
+        config: ConfigT,
+        eval_fn: EvalFn[ConfigT] | None = None,
+        *,
+        num_rollout_workers: int = 16,
+        min_batch_size: int = 4,
+        max_batch_size: int | None = None,
+        queue_maxsize: int | None = None,
+        pipeline: object | None = None,
+        autotune: object | None = None,
+        learning_rate: float = 1e-5,
+        loss_fn: str = "cispo",
+        loss_fn_config: dict[str, Any] | None = None,
+        normalize_advantages: bool = True,
+        grad_accumulation_sequences: int | None = None,
+        adam_params: object | None = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_step_lag: int | None = None,
+        max_steps: int | None = None,
+        discard_queue_multiplier: int = 100,
+        max_steps_off_policy: int | None = 4,
+        limit_mean_steps_off_policy: float | None = None,
+        score_reference_groups_per_step: float | None = None,
+        score_reference_rollouts_per_group: float | None = None,
+        log_interval_seconds: float = 60.0,
+        status_ewa_alpha: float = 0.2,
+        total_scenarios: int | None = None,
+        eval_every_n_steps: int = 20,
+        eval_at_start: bool = True,
+        save_checkpoint: bool = True,
+        optimizer_save_interval: int = 1,
+        checkpoint_retention_strategy: object | None = None,
+        checkpoint_retention_interval: int = 1,
+        resume: bool = True,
+        rollout_executor: object | None = None,
+    ) -> None:
+        refuse_unsupported(
+            pipeline=pipeline,
+            autotune=autotune,
+            loss_fn_config=loss_fn_config,
+            adam_params=adam_params,
+            kl_penalty_step_lag=kl_penalty_step_lag,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            score_reference_groups_per_step=score_reference_groups_per_step,
+            score_reference_rollouts_per_group=score_reference_rollouts_per_group,
+            checkpoint_retention_strategy=checkpoint_retention_strategy,
+            rollout_executor=rollout_executor,
+        )
+        check_ranges(
+            num_rollout_workers=num_rollout_workers,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            queue_maxsize=queue_maxsize,
+            max_steps=max_steps,
+            discard_queue_multiplier=discard_queue_multiplier,
+            max_steps_off_policy=max_steps_off_policy,
+            log_interval_seconds=log_interval_seconds,
+            status_ewa_alpha=status_ewa_alpha,
+            eval_every_n_steps=eval_every_n_steps,
+            grad_accumulation_sequences=grad_accumulation_sequences,
+            kl_penalty_coef=kl_penalty_coef,
+        )
+        if loss_fn not in ("cispo", "ppo"):
+            raise ConfigError(
+                "loss_fn",
+                f"is {loss_fn!r}; the LocalBackend trains with 'cispo' or 'ppo'",
+                "Use loss_fn='cispo' (the default) or 'ppo'",
+            )
+        if not save_checkpoint:
+            raise ConfigError(
+                "save_checkpoint",
+                "is False, but every step's checkpoint is what the engine serves next",
+                "Leave save_checkpoint=True; delete old ones with model.delete_checkpoints()",
+            )
+        if optimizer_save_interval != 1:
+            raise ConfigError(
+                "optimizer_save_interval",
+                f"is {optimizer_save_interval}; the LocalBackend saves the optimizer state "
+                "with every checkpoint",
+                "Leave optimizer_save_interval=1",
+            )
+        if checkpoint_retention_interval != 1:
+            raise ConfigError(
+                "checkpoint_retention_interval",
+                "applies to a checkpoint_retention_strategy, which this version does not have",
+                "Leave checkpoint_retention_interval=1",
+            )
+        if not isinstance(model, TrainableModel):
+            raise ConfigError(
+                "model", "is not an art.TrainableModel", "Pass the TrainableModel to train"
+            )
+        check_backend_serves_while_training(backend, model)
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.config = config
+        self.eval_fn = eval_fn
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        self.max_steps_off_policy = max_steps_off_policy
+        window = max_steps_off_policy if max_steps_off_policy else 1
+        self.queue_maxsize = queue_maxsize or max(1, window * self.max_batch_size)
+        self.train_config = TrainConfig(learning_rate=learning_rate, beta=kl_penalty_coef)
+        self.dev_config = dev.TrainConfig(
+            ppo=loss_fn == "ppo",
+            scale_rewards=normalize_advantages,
+            gradient_accumulation_sequences=grad_accumulation_sequences,
+        )
+        self.max_steps = max_steps
+        self.discard_limit = discard_queue_multiplier * min_batch_size
+        self.eval_every_n_steps = eval_every_n_steps
+        self.eval_at_start = eval_at_start
+        self.resume = resume
+        self._scenarios = _async_iterator(scenarios)
+        self._scenario_lock = asyncio.Lock()
+        self._progress = Progress(
+            log_interval_seconds=log_interval_seconds,
+            ewa_alpha=status_ewa_alpha,
+            total_scenarios=total_scenarios,
+            steps_total=max_steps,
+            initial_step=0,
+        )
+        self._state = PipelineState()
+        self._stop = asyncio.Event()
+        self._policy_changed = asyncio.Condition()
+        self._policy_step = 0
+        self._training = False
+        self._queue: asyncio.Queue[object] | None = None
+        self._evals: list[asyncio.Task[None]] = []
+        self._failure: BaseException | None = None  # a worker's, raised by train()
+        self._unqueued = 0  # finished groups waiting for room in the queue
+        self.collapsed = False  # stopped for too many groups without reward variance
+
+    # --- the run ----------------------------------------------------------------------
+
+    async def train(self, *, handle_signals: bool = True) -> None:
+        """Run the pipeline until `max_steps` steps are trained or the scenarios run out.
+
+        Started again on the same model (in this process or a new one), it continues
+        from the last checkpoint and skips the scenarios already taken (`resume=True`).
+        SIGINT/SIGTERM (with `handle_signals`) finish the step being trained, then stop.
+        """
+        start_step = await self.model.get_step()
+        state_path = self._state_path()
+        if self.resume and state_path is not None:
+            self._state = PipelineState.read(state_path)
+        self._state.training_step = start_step
+        self._policy_step = start_step
+        await self._skip_scenarios(self._state.scenario_offset)
+        self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
+        self._stop = asyncio.Event()
+        stop_at = None if self.max_steps is None else start_step + self.max_steps
+        self._progress.initial_step = start_step
+        self._progress.scenarios = self._state.scenario_offset
+        self._progress.start()
+        removers = self._install_signal_handlers() if handle_signals else []
+        self._failure = None
+        workers = [
+            asyncio.create_task(self._rollout_worker(), name=f"art-rollout-{i}")
+            for i in range(self.num_rollout_workers)
+        ]
+        for worker in workers:
+            worker.add_done_callback(self._worker_done)
+        closer = asyncio.create_task(self._end_queue_after(workers))
+        ticker = asyncio.create_task(self._tick())
+        try:
+            if self.eval_at_start and start_step not in self._state.completed_eval_steps:
+                self._schedule_eval(start_step)
+            await self._training_stage(stop_at)
+            if self._failure is not None:
+                raise self._failure
+        finally:
+            self.request_stop()
+            self._save_state()  # drops counted after the last step, too
+            for task in [*workers, closer, ticker]:
+                task.cancel()
+            await asyncio.gather(*workers, closer, ticker, return_exceptions=True)
+            try:
+                await asyncio.gather(*self._evals)  # evals already scheduled still run
+            finally:
+                for remove in removers:
+                    remove()
+                self._progress.close()
+
+    @property
+    def groups_dropped_stale(self) -> int:
+        """Groups dropped for staleness, over every run of this model (resumed ones too)."""
+        return self._state.groups_dropped_stale
+
+    @property
+    def groups_dropped_no_variance(self) -> int:
+        """Groups dropped because their rewards were all equal, over every run."""
+        return self._state.groups_dropped_no_variance
+
+    def _worker_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()  # raised by train() once the trainer stops
+            self.request_stop()
+
+    def request_stop(self) -> None:
+        """Stop after the step being trained; rollouts in flight are abandoned."""
+        self._stop.set()
+        asyncio.get_running_loop().create_task(self._notify_policy())
+
+    async def _training_stage(self, stop_at: int | None) -> None:
+        while not self._stop.is_set() and (stop_at is None or self._policy_step < stop_at):
+            batch, dropped_stale, dropped_no_variance, ended = await self._collect_batch()
+            if batch:
+                await self._train_step(batch, dropped_stale, dropped_no_variance)
+            if ended or not batch:
+                return
+
+    async def _train_step(
+        self, batch: list[TrajectoryGroup], dropped_stale: int, dropped_no_variance: int
+    ) -> None:
+        train_step = self._policy_step
+        staleness = staleness_metrics(batch, train_step)
+        extra = {
+            **staleness,
+            "groups_dropped_stale": float(dropped_stale),
+            "groups_dropped_no_variance": float(dropped_no_variance),
+            "queue_depth": float(self._queue.qsize() if self._queue else 0),
+            "rollouts_in_flight": float(self._progress.in_flight),
+        }
+        self._training = True
+        try:
+            await self.model._train_step(batch, self.train_config, self.dev_config, False, extra)
+        finally:
+            self._training = False
+        new_step = await self.model.get_step()
+        self._policy_step = new_step
+        await self._notify_policy()
+        self._state.training_step = new_step
+        self._state.groups_trained += len(batch)
+        self._save_state()
+        rewards = [t.reward for group in batch for t in group.trajectories]
+        self._progress.trained(new_step, sum(rewards) / max(len(rewards), 1), staleness)
+        if self.eval_every_n_steps and new_step % self.eval_every_n_steps == 0:
+            self._schedule_eval(new_step)
+
+    async def _collect_batch(self) -> tuple[list[TrajectoryGroup], int, int, bool]:
+        """Fresh groups with reward variance: wait for `min_batch_size`, take up to max.
+
+        Returns the batch, the stale and no-variance groups dropped meanwhile, and whether
+        the queue ended (scenarios exhausted, a stop, or too many no-variance groups).
+        """
+        assert self._queue is not None
+        batch: list[TrajectoryGroup] = []
+        stale = no_variance = 0
+        while len(batch) < self.max_batch_size:
+            if len(batch) < self.min_batch_size:
+                item = await self._get_or_stop()
+            elif self._queue.empty():
+                break
+            else:
+                item = self._queue.get_nowait()
+            self._progress.queue_depth = self._queue.qsize()
+            await self._notify_policy()  # room for a new rollout, perhaps
+            if item is _STOPPED:  # a partial batch is not trained after a stop
+                return [], stale, no_variance, True
+            if item is _END:  # the scenarios ran out: what is left still trains
+                return batch, stale, no_variance, True
+            group = cast(TrajectoryGroup, item)
+            if not group.trajectories and group.exceptions:
+                first = group.exceptions[0]
+                raise RolloutError(
+                    f"all {len(group.exceptions)} rollouts of a group failed; the first "
+                    f"raised {first.type}: {first.message}"
+                )
+            if is_stale(group, self._policy_step, self.max_steps_off_policy):
+                stale += 1
+                self._state.groups_dropped_stale += 1
+                self._progress.dropped_stale += 1
+            elif has_no_variance(group):
+                no_variance += 1
+                self._state.groups_dropped_no_variance += 1
+                self._progress.dropped_no_variance += 1
+                if no_variance >= self.discard_limit:
+                    self._collapse(no_variance)
+                    return [], stale, no_variance, True
+            else:
+                batch.append(group)
+            self._progress.refresh()
+        return batch, stale, no_variance, False
+
+    def _collapse(self, count: int) -> None:
+        self.collapsed = True
+        message = (
+            f"{count} groups in a row had rewards all equal (discard_queue_multiplier x "
+            f"min_batch_size = {self.discard_limit}): the policy may have collapsed, or the "
+            "reward cannot tell rollouts apart. Training stopped. Lower the learning rate, "
+            "make the reward finer, or raise discard_queue_multiplier"
+        )
+        logger.warning(message)
+        print(f"[pipeline] {message}")
+
+    async def _get_or_stop(self) -> object:
+        assert self._queue is not None
+        getter = asyncio.ensure_future(self._queue.get())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not getter.done():
+                getter.cancel()
+        return getter.result() if getter.done() and not getter.cancelled() else _STOPPED
+
+    # --- rollouts ---------------------------------------------------------------------
+
+    async def _rollout_worker(self) -> None:
+        assert self._queue is not None
+        while not self._stop.is_set():
+            scenario = await self._next_scenario()
+            if scenario is _END:
+                return
+            await self._wait_for_policy()
+            if self._stop.is_set():
+                return
+            started = self._policy_step
+            self._progress.in_flight += 1
+            self._progress.refresh()
+            try:
+                group = await self.rollout_fn(self.model, cast(ScenarioT, scenario), self.config)
+            except Exception as error:  # a bad rollout is data, not the end of the run
+                logger.warning("rollout failed: %s: %s", type(error).__name__, error)
+                print(f"[pipeline] rollout failed ({type(error).__name__}): {error}")
+                continue
+            finally:
+                self._progress.in_flight -= 1
+            if not isinstance(group, TrajectoryGroup):
+                raise ConfigError(
+                    "rollout_fn",
+                    f"returned {type(group).__name__}, not an art.TrajectoryGroup",
+                    "Return art.TrajectoryGroup([...]) of finished trajectories, or build "
+                    "rollout_fn with art.pipeline_trainer.make_group_rollout_fn",
+                )
+            group.metadata.update(_scenario_metadata(scenario))
+            stamp_versions(group, started_at=started, finished_at=self._policy_step)
+            self._unqueued += 1  # still counted by the gate while put waits for room
+            try:
+                await self._queue.put(group)
+            finally:
+                self._unqueued -= 1
+            self._progress.queue_depth = self._queue.qsize()
+
+    async def _wait_for_policy(self) -> None:
+        """Hold a new rollout while it could not be trained within the staleness bound.
+
+        ART's gate: the policy may be at most k steps behind the step being trained. And
+        ours: no new rollout while the queue already holds the groups of every step the
+        bound still allows (k more while a step trains, k + 1 otherwise, `max_batch_size`
+        groups each): a group started then would be dropped as stale, and on a small
+        machine sampling it takes CPU from training. Rollouts in flight are not counted,
+        so one that waits on the training itself cannot hold the others back.
+        """
+        limit = self.max_steps_off_policy
+        if limit is None:
+            return
+
+        def ready() -> bool:
+            if self._stop.is_set():
+                return True
+            training_step = self._policy_step + (1 if self._training else 0)
+            if training_step - self._policy_step > limit:
+                return False
+            steps_left = limit if self._training else limit + 1
+            queued = (self._queue.qsize() if self._queue else 0) + self._unqueued
+            return queued < steps_left * self.max_batch_size
+
+        async with self._policy_changed:
+            await self._policy_changed.wait_for(ready)
+
+    async def _notify_policy(self) -> None:
+        async with self._policy_changed:
+            self._policy_changed.notify_all()
+
+    async def _next_scenario(self) -> object:
+        async with self._scenario_lock:
+            try:
+                scenario = await anext(self._scenarios)
+            except StopAsyncIteration:
+                return _END
+            self._state.scenario_offset += 1
+            self._progress.scenarios = self._state.scenario_offset
+            return scenario
+
+    async def _skip_scenarios(self, count: int) -> None:
+        for skipped in range(count):
+            try:
+                await anext(self._scenarios)
+            except StopAsyncIteration:
+                logger.warning("the scenarios ended after %d of the %d to skip", skipped, count)
+                return
+
+    async def _end_queue_after(self, workers: list[asyncio.Task[None]]) -> None:
+        """Once every worker is done (scenarios exhausted), tell the trainer."""
+        assert self._queue is not None
+        await asyncio.gather(*workers, return_exceptions=True)  # failures: _worker_done
+        await self._queue.put(_END)
+
+    # --- evaluation, state, signals ---------------------------------------------------
+
+    def _schedule_eval(self, step: int) -> None:
+        if self.eval_fn is None:
+            return
+        previous = self._evals[-1] if self._evals else None
+        self._evals.append(asyncio.create_task(self._run_eval(step, previous)))
+
+    async def _run_eval(self, step: int, previous: asyncio.Task[None] | None) -> None:
+        assert self.eval_fn is not None
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)  # one eval at a time
+        try:
+            result = await self.eval_fn(self.model, step, self.config)
+        except Exception as error:  # training goes on; the failure is shown, as in ART
+            logger.warning("eval at step %d failed: %s: %s", step, type(error).__name__, error)
+            print(f"[pipeline] eval at step {step} failed ({type(error).__name__}): {error}")
+            return
+        splits = result if isinstance(result, Mapping) else {"val": result}
+        for split, items in splits.items():
+            groups = _as_groups(items)
+            if groups:
+                await self.model.log(groups, split=split, step=step)
+        self._state.completed_eval_steps.append(step)
+        self._save_state()
+
+    def _state_path(self) -> Path | None:
+        path = getattr(self.backend, "path", None)  # a backend that stores on this machine
+        if not isinstance(path, str):
+            return None
+        return ModelStore(path, self.model.project, self.model.name).dir / STATE_FILE
+
+    def _save_state(self) -> None:
+        path = self._state_path()
+        if path is not None:
+            self._state.write(path)
+
+    async def _tick(self) -> None:
+        """Keep the status line coming while nothing else happens."""
+        while True:
+            await asyncio.sleep(min(1.0, self._progress.log_interval_seconds))
+            self._progress.queue_depth = self._queue.qsize() if self._queue else 0
+            self._progress.refresh()
+
+    def _install_signal_handlers(self) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        removers = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.request_stop)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue  # not the main thread, or not a Unix loop
+            removers.append(lambda sig=sig: loop.remove_signal_handler(sig))
+        return removers
+
+
+def make_group_rollout_fn(
+    single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
+) -> RolloutFn[ScenarioT, ConfigT]:
+    """A `RolloutFn` that runs `single_rollout_fn` `n` times at once as one group.
+
+    A rollout that raises is kept in the group's `exceptions`, as `gather` does.
+    """
+    if n < 1:
+        raise ConfigError("n", f"is {n}; a group needs at least one rollout", "Use n >= 1")
+
+    async def group_rollout(
+        model: TrainableModel, scenario: ScenarioT, config: ConfigT
+    ) -> TrajectoryGroup:
+        results = await asyncio.gather(
+            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancellation, KeyboardInterrupt: not a rollout's failure
+        return TrajectoryGroup(results)
+
+    return group_rollout
+
+
+def _async_iterator(
+    scenarios: AsyncIterator[Any] | AsyncIterable[Any] | Iterable[Any],
+) -> AsyncIterator[Any]:
+    if isinstance(scenarios, AsyncIterator):
+        return scenarios
+    if isinstance(scenarios, AsyncIterable):
+        return aiter(scenarios)
+
+    async def iterate() -> AsyncIterator[Any]:
+        for scenario in scenarios:
+            yield scenario
+
+    return iterate()
+
+
+def _scenario_metadata(scenario: object) -> dict[str, float | int | str | bool | None]:
+    """ART's rule: a dict scenario's scalar `metadata` is copied onto its group."""
+    metadata = scenario.get("metadata") if isinstance(scenario, dict) else None
+    if not isinstance(metadata, dict):
+        return {}
+    copied: dict[str, float | int | str | bool | None] = {}
+    for key, value in metadata.items():
+        if isinstance(key, str) and (value is None or isinstance(value, float | int | str | bool)):
+            copied[key if key == "scenario_id" else f"scenario_{key}"] = value
+    return copied
+
+
+def _as_groups(items: Sequence[Trajectory | TrajectoryGroup]) -> list[TrajectoryGroup]:
+    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+    loose = [item for item in items if isinstance(item, Trajectory)]
+    return [*groups, TrajectoryGroup(loose)] if loose else groups
+
+
+__all__ = ["PipelineTrainer", "make_group_rollout_fn"]
