@@ -13,6 +13,9 @@ A local Ray cluster is started (`--cluster-cpus` logical CPUs); each replica res
 CPU, so Ray gives its process one OpenMP thread, while LocalBackend's engine uses torch's
 default (all cores). On a 2-core machine two replicas can at best double one replica's
 single thread, and share the cores with the driver's HTTP front and the other jobs.
+On a busy machine run it with `OMP_NUM_THREADS=1`: LocalBackend's torch threads otherwise
+spin against the other jobs (0 tokens/s in a 30 s window here, load average 3), and with
+it every engine decodes on one thread, which makes the three rows equal work per engine.
 """
 
 from __future__ import annotations
@@ -110,8 +113,7 @@ async def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; ray {ray.__version__}"
     )
     runs: list[tuple[str, Callable[[str], Any]]] = [
-        # Before the cluster starts: beside Ray's idle processes, torch's spinning threads in
-        # this process measured 0 tokens/s on this 2-core machine.
+        # Measured before the cluster starts, so Ray's own processes are not beside it.
         ("LocalBackend (in process)", lambda path: LocalBackend(path=path, in_process=True)),
         *(
             (
