@@ -325,3 +325,18 @@ async def test_a_dead_trainer_worker_fails_the_step_and_keeps_the_checkpoint(
     # The next step starts a new group from that checkpoint.
     await model.train(groups, config=art.TrainConfig(learning_rate=5e-3))
     assert await model.get_step() == step + 1
+
+
+def test_art_serve_ray_refuses_a_bad_config_naming_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from art.cli import main
+
+    code = main(
+        ["serve", "--no-auth", "--path", str(tmp_path), "--ray", "--ray-config", '{"replicas": 0}']
+    )
+    assert code == 2
+    assert "--ray-config: replicas:" in capsys.readouterr().err
+    code = main(["serve", "--no-auth", "--path", str(tmp_path), "--ray-config", "{}"])
+    assert code == 2
+    assert "add --ray" in capsys.readouterr().err
