@@ -340,3 +340,25 @@ def test_art_serve_ray_refuses_a_bad_config_naming_the_field(
     code = main(["serve", "--no-auth", "--path", str(tmp_path), "--ray-config", "{}"])
     assert code == 2
     assert "add --ray" in capsys.readouterr().err
+
+
+async def test_art_serve_ray_trains_the_same_script_through_serverless_backend(
+    tmp_path: Path,
+) -> None:
+    """`art serve --ray` (its own local cluster) behind ServerlessBackend, unchanged."""
+    from serve_server import KEY, Server
+    from test_serve import train_one_step
+
+    from art.serverless.backend import ServerlessBackend
+
+    config = '{"replicas": 1, "trainer_workers": 1}'
+    server = Server(tmp_path / ".art", "--ray", "--ray-config", config)
+    try:
+        result = await train_one_step(ServerlessBackend(base_url=server.url, api_key=KEY))
+    finally:
+        server.stop()
+    assert "Started a local Ray instance" in server.log()  # the service ran on Ray
+    assert result["steps"] == (0, 1)
+    assert result["served"] == result["names"]
+    checkpoint = tmp_path / ".art" / "serve" / "models" / "script" / "checkpoints" / "0001"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
