@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import sys
@@ -57,6 +58,17 @@ def _add_serve(subparsers: Any) -> None:
         default=64.0,
         help="largest request body accepted, in MiB (default 64)",
     )
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the engines and trainers on a Ray cluster (replicas and a trainer group)",
+    )
+    parser.add_argument(
+        "--ray-config",
+        default=None,
+        help="with --ray: RayConfig fields as JSON, e.g. "
+        '\'{"address": "auto", "replicas": 4, "trainer_workers": 2}\'',
+    )
     parser.set_defaults(handler=_serve)
 
 
@@ -76,13 +88,33 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if args.max_body_mb <= 0:
         return _fail("--max-body-mb must be positive")
+    if args.ray_config is not None and not args.ray:
+        return _fail("--ray-config is only read with --ray; add --ray")
+    placement = None
+    if args.ray:
+        from .backends.ray.config import RayConfig
+        from .backends.ray.placement import RayPlacement
+        from .core.errors import ConfigError
+
+        try:
+            fields = json.loads(args.ray_config or "{}")
+            if not isinstance(fields, dict):
+                return _fail("--ray-config must be a JSON object of RayConfig fields")
+            placement = RayPlacement(RayConfig(**fields))
+        except json.JSONDecodeError as error:
+            return _fail(f"--ray-config is not JSON: {error}")
+        except ConfigError as error:
+            return _fail(f"--ray-config: {error}")
 
     import uvicorn
 
     from .backends.server import build_server_app
 
     app = build_server_app(
-        args.path, None if args.no_auth else api_key, max_body_bytes=int(args.max_body_mb * 2**20)
+        args.path,
+        None if args.no_auth else api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        placement=placement,
     )
     print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
     # One warning line per rejected request (from art.serve) instead of an access log line

@@ -136,3 +136,14 @@ def default_model() -> tuple[Any, Any]:
     from art.backends.local.models import DEFAULT_MODEL, load, resolve
 
     return load(resolve(DEFAULT_MODEL), "float32")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the session. Its logical CPUs exceed this machine's cores:
+    Ray reserves them for placement, and the tests' actors are mostly idle."""
+    import ray
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...core import dev
@@ -15,6 +16,7 @@ from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 
 if TYPE_CHECKING:
+    from .placement import Placement
     from .process import ServiceProcess
     from .service import ModelService
 
@@ -31,13 +33,27 @@ class LocalBackend:
             process (True), or in a child process that exits with this one (False),
             which keeps torch out of the agent's process.
         path: where models, checkpoints and trajectory logs are stored.
+        placement: makes the `Placement` that runs the engines and trainers elsewhere (a
+            Ray cluster: `RayBackend` passes one), called on the first registration;
+            None runs them here. Needs `in_process=True`.
     """
 
     def __init__(
-        self, *, in_process: bool = False, path: str | os.PathLike[str] = "./.art"
+        self,
+        *,
+        in_process: bool = False,
+        path: str | os.PathLike[str] = "./.art",
+        placement: Callable[[], Placement] | None = None,
     ) -> None:
+        if placement is not None and not in_process:
+            raise ConfigError(
+                "in_process",
+                "a placement runs the engines and trainers from this process's model service",
+                "Pass in_process=True with placement",
+            )
         self.in_process = in_process
         self.path = os.fspath(path)
+        self._placement = placement
         self._locks: dict[str, asyncio.Lock] = {}
         self._service: ModelService | ServiceProcess | None = None
 
@@ -46,7 +62,8 @@ class LocalBackend:
             if self.in_process:
                 from .service import ModelService
 
-                self._service = ModelService(self.path)
+                placement = self._placement() if self._placement is not None else None
+                self._service = ModelService(self.path, placement)
             else:
                 from .process import ServiceProcess
 

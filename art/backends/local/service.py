@@ -46,6 +46,7 @@ from .chat_format import tool_template_for
 from .config_support import check_supported, is_cpu_dedicated, mergeable
 from .engine import Engine, EngineName, choose_engine
 from .openai_server import Route, build_app
+from .placement import EngineSpec, Placement, Trainer, TrainerSpec
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
 _SERVING_PLACEHOLDER = "serving_copy"  # makes the serving copy a PeftModel; never selected
@@ -105,7 +106,7 @@ class _Trained:
     base: _Base
     adapter: str
     store: ModelStore
-    trainer: Any
+    trainer: Trainer
     base_model: str  # as the user named it
     published: int | None = None  # the newest step loaded into an engine with its own weights
 
@@ -120,10 +121,15 @@ class _Trained:
 
 
 class ModelService:
-    """Serves and trains the trainable models of one LocalBackend (`path`)."""
+    """Serves and trains the trainable models of one LocalBackend (`path`).
 
-    def __init__(self, path: str) -> None:
+    With a `placement`, its engines and trainers run there (a Ray cluster) instead of on
+    the model this process loaded, which then only names adapters and renders prompts.
+    """
+
+    def __init__(self, path: str, placement: Placement | None = None) -> None:
         self.path = path
+        self.placement = placement
         self.api_key = f"art-{secrets.token_urlsafe(24)}"
         self._bases: dict[str, _Base] = {}
         self._models: dict[str, _Trained] = {}
@@ -199,6 +205,8 @@ class ModelService:
         for base in self._bases.values():
             if base.engine is not None:
                 base.engine.close()
+        if self.placement is not None:
+            self.placement.close()
 
     def _load_trained(self, record: dict[str, Any]) -> _Trained:
         from .trainer import PeftTrainer, add_adapter
@@ -223,14 +231,27 @@ class ModelService:
                 base.model, adapter, config.peft_args, start_from, seed=config.trainer_args.seed
             )
             base.model.set_adapter(adapter)
-            trainer = PeftTrainer(
-                base.model,
-                base.tokenizer,
-                init_args=config.init_args,
-                trainer_args=config.trainer_args,
-            )
-            if start_from is not None:
-                trainer.load_optimizer(start_from)
+            trainer: Trainer
+            if self.placement is not None:
+                trainer = self.placement.start_trainer(
+                    TrainerSpec(
+                        resolved,
+                        config,
+                        adapter,
+                        start_from,
+                        latest_checkpoint=lambda: store.checkpoint_dir(store.step()),
+                    )
+                )
+            else:
+                peft_trainer = PeftTrainer(
+                    base.model,
+                    base.tokenizer,
+                    init_args=config.init_args,
+                    trainer_args=config.trainer_args,
+                )
+                if start_from is not None:
+                    peft_trainer.load_optimizer(start_from)
+                trainer = peft_trainer
             trained = _Trained(
                 record["project"], record["name"], base, adapter, store, trainer, resolved.name
             )
@@ -246,6 +267,17 @@ class ModelService:
         self, base: _Base, resolved: models.ResolvedModel, config: dev.InternalModelConfig
     ) -> Engine:
         stop_token_ids = _stop_token_ids(base.model, base.tokenizer)
+        if self.placement is not None:
+            return self.placement.start_engine(
+                EngineSpec(
+                    resolved,
+                    config,
+                    base.tokenizer,
+                    dtype=str(base.model.dtype).removeprefix("torch."),
+                    context_length=base.context_length,
+                    stop_token_ids=frozenset(stop_token_ids),
+                )
+            )
         if base.engine_name == "vllm":
             from .vllm_engine import start_vllm_engine
 

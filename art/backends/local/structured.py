@@ -100,6 +100,11 @@ class Grammars:
         key = json.dumps(["json_then", schema, suffix], sort_keys=True)
         return self._compile(key, lambda: llguidance.LLMatcher.grammar_from_lark(lark))
 
+    def from_source(self, key: str, source: str) -> Grammar:
+        """The grammar another process compiled as `Grammar(key, _, source)`: a matcher
+        does not cross a process boundary, its source text does."""
+        return self._compile(key, lambda: source)
+
     def allowed_tokens(self, matchers: list[llguidance.LLMatcher], vocab: int) -> torch.Tensor:
         """(len(matchers), vocab) booleans: the tokens each matcher allows next.
 

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
@@ -117,6 +117,19 @@ def add_adapter(
     return wrapped
 
 
+class StepSync(Protocol):
+    """How data-parallel trainers agree within one step (`art.backends.ray` gives one).
+
+    Each worker trains its share of the groups; sums across the workers make the step the
+    same as one worker's over all of them: the token count that weights each micro-batch,
+    the gradients before clipping, and the additive metrics.
+    """
+
+    def sum(self, tensor: torch.Tensor) -> None:
+        """Replace `tensor` in place by its sum over the workers."""
+        ...
+
+
 @dataclass(frozen=True)
 class _Batch:
     """A planned micro-batch: indices into the step's sequences, and whether to checkpoint."""
@@ -143,8 +156,10 @@ class PeftTrainer:
         *,
         init_args: dev.InitArgs,
         trainer_args: dev.TrainerArgs,
+        sync: StepSync | None = None,
     ) -> None:
         self.model = model
+        self.sync = sync  # None: this trainer alone takes the step
         self.tokenizer = tokenizer
         self.init_args = init_args
         self.trainer_args = trainer_args
@@ -195,21 +210,28 @@ class PeftTrainer:
         sequences, advantages = self._sequences(groups, dev_config, chat_template)
         sequences, truncated = truncate(sequences, self.init_args.max_seq_length)
         # Position 0 predicts nothing, so only tokens 1.. count.
-        tokens = sum(sum(sequence.trained[1:]) for sequence in sequences)
+        local_tokens = sum(sum(sequence.trained[1:]) for sequence in sequences)
+        counts = torch.tensor(
+            [float(len(sequences)) if local_tokens else 0.0, local_tokens, truncated],
+            dtype=torch.float64,
+        )
+        if self.sync is not None:  # every worker weights its micro-batches by the step's total
+            self.sync.sum(counts)
+        tokens = int(counts[1])
         loss_config = LossConfig.from_configs(config, dev_config)
         metrics = {
-            "sequences_trained": float(len(sequences)) if tokens else 0.0,
-            "tokens_trained": float(tokens),
-            "truncated_tokens": float(truncated),
+            "sequences_trained": float(counts[0]),
+            "tokens_trained": float(counts[1]),
+            "truncated_tokens": float(counts[2]),
         }
         names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
         if loss_config.beta > 0:
             names.append("kl")
         sums = dict.fromkeys(names, 0.0)
-        if tokens == 0:
+        if tokens == 0:  # every worker sees the same total, so all of them return here
             return metrics | sums | {"grad_norm": 0.0}
 
-        plan = self._plan(sequences, dev_config)
+        plan = self._plan(sequences, dev_config) if local_tokens else _Plan([], 0)
         peak = PeakMemory(self.device)
         peak.start()
         self.model.set_adapter(self.adapter)  # inference may have switched to another
@@ -247,6 +269,8 @@ class PeftTrainer:
                     progress.update()
                     progress.set_postfix(peak_memory_gb=f"{peak.peak_gib():.2f}")
 
+            if self.sync is not None:
+                self._sum_over_workers(sums)
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.parameters, dev_config.max_grad_norm)
             )
@@ -274,6 +298,25 @@ class PeftTrainer:
                 "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
             }
         )
+
+    def _sum_over_workers(self, sums: dict[str, float]) -> None:
+        """Sum the gradients (before clipping) and the step's metric sums over the workers."""
+        assert self.sync is not None
+        for parameter in self.parameters:
+            if parameter.grad is None:  # a worker whose share held no trained token
+                parameter.grad = torch.zeros_like(parameter)
+        # One flat buffer, one collective call: the LoRA parameters are small.
+        flat = torch.cat([parameter.grad.reshape(-1) for parameter in self.parameters])  # type: ignore[union-attr]
+        self.sync.sum(flat)
+        offset = 0
+        for parameter in self.parameters:
+            size = parameter.numel()
+            parameter.grad.copy_(flat[offset : offset + size].view_as(parameter))  # type: ignore[union-attr]
+            offset += size
+        names = list(sums)
+        values = torch.tensor([sums[name] for name in names], dtype=torch.float64)
+        self.sync.sum(values)
+        sums.update(zip(names, values.tolist(), strict=True))
 
     def save(self, directory: Path) -> None:
         """Write the adapter and `optimizer.pt` into `directory` (the caller makes it atomic).
@@ -463,6 +506,7 @@ def _cuda_devices() -> list[int]:
 __all__ = [
     "CHECKPOINT_ABOVE_TOKENS",
     "PeftTrainer",
+    "StepSync",
     "add_adapter",
     "create_peft_model",
     "lora_config",

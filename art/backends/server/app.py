@@ -39,6 +39,7 @@ from ...core.errors import ConfigError
 from ...core.storage import ModelStore, check_split
 from ...core.validation import coerce_groups
 from ..local.openai_server import ApiError, build_app
+from ..local.placement import Placement
 from .access import KeyStore, RequireKey, current
 from .errors import add_error_handlers
 from .jobs import TrainingJob
@@ -63,13 +64,14 @@ def build_server_app(
     api_key: str | None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    placement: Placement | None = None,
 ) -> FastAPI:
     """The `art serve` app: the OpenAI endpoint of `build_app` plus the training API.
 
     `api_key` is the admin key; None serves without one (the CLI allows that on
-    loopback only).
+    loopback only). `placement` runs the engines and trainers elsewhere (`art serve --ray`).
     """
-    server = ArtServer(path)
+    server = ArtServer(path, placement)
     keys = KeyStore(path, api_key)
     app = build_app(ScopedRouter(server.service, server.loaded, path), None)
     app.state.art_server = server

@@ -19,6 +19,7 @@ from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
 from ...core.validation import check_trainable, coerce_groups
 from ..local.openai_server import ApiError
+from ..local.placement import Placement
 from ..local.service import ModelService
 from .access import current
 from .errors import json_path
@@ -32,9 +33,9 @@ DEFAULT_ENTITY = "local"  # W&B names an owner; a self-hosted server has one
 class ArtServer:
     """What one `art serve` process holds: the model service, its files and its jobs."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, placement: Placement | None = None) -> None:
         self.path = path
-        self.service = ModelService(path)
+        self.service = ModelService(path, placement)  # placement: e.g. a Ray cluster
         self.loaded = LoadedModels()
         self.journal_dir = Path(path) / ".art-serve" / "jobs"
         journals = sorted(self.journal_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)

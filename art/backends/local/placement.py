@@ -1,0 +1,74 @@
+"""Where a model service runs its engine and trainer: this process, or elsewhere.
+
+`ModelService` loads the base model, keeps the store and serves the OpenAI front. By
+default it samples with an engine and trains with a `PeftTrainer` on the model it loaded.
+A `Placement` puts both elsewhere: `art.backends.ray.RayPlacement` runs replicas of the
+engine and a data-parallel trainer group on a Ray cluster. The service publishes every
+checkpoint to the engine it is given, and trains through the `Trainer` it is given, so the
+storage and publication rules stay in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ...core import dev
+from ...core.trajectories import TrajectoryGroup
+from ...core.types import TrainConfig
+from .engine import Engine
+from .models import ResolvedModel
+
+
+class Trainer(Protocol):
+    """Takes the training steps of one trainable model (a `PeftTrainer` is one)."""
+
+    def step(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        dev_config: dev.TrainConfig,
+        chat_template: str | None = None,
+    ) -> dict[str, float]: ...
+
+    def save(self, directory: Path) -> None:
+        """Write the adapter and optimizer state into `directory`."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine for one base model needs to start."""
+
+    resolved: ResolvedModel
+    config: dev.InternalModelConfig
+    tokenizer: Any
+    dtype: str
+    context_length: int
+    stop_token_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """What a trainer for one trainable model needs to start."""
+
+    resolved: ResolvedModel
+    config: dev.InternalModelConfig
+    adapter: str  # the adapter's name, as the service's engine knows it
+    start_from: Path | None  # the checkpoint to resume from; None: a fresh adapter
+    latest_checkpoint: Callable[[], Path]  # where to restart from after a failure
+
+
+class Placement(Protocol):
+    """Starts engines and trainers somewhere other than the service's own process."""
+
+    def start_engine(self, spec: EngineSpec) -> Engine: ...
+
+    def start_trainer(self, spec: TrainerSpec) -> Trainer: ...
+
+    def close(self) -> None: ...
+
+
+__all__ = ["EngineSpec", "Placement", "Trainer", "TrainerSpec"]
