@@ -26,7 +26,8 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         self._key_buffer = torch.empty(0)
         self._value_buffer = torch.empty(0)
-        self.length = 0
+        self.start = 0  # positions before it were trimmed off (padding no row attends to)
+        self.length = 0  # positions written; keys/values are [start:length] of the buffers
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -59,11 +60,16 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove")
-        self._set_length(max(0, self.length + tokens_to_remove))
+        self._set_length(max(self.start, self.length + tokens_to_remove))
+
+    def trim_left(self, positions: int) -> None:
+        """Drop the first `positions` cached positions; the view moves, nothing is copied."""
+        self.start = min(self.length, self.start + positions)
+        self._set_length(self.length)
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = torch.empty(0)
-        self.length = 0
+        self.start = self.length = 0
         super().reset()
 
     def join(self, other: GrowingLayer, length: int) -> None:
@@ -80,7 +86,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
                 _left_pad(other._filled(keys=False), length),
             ]
         )
-        self.length = 0
+        self.start = self.length = 0
         self._reserve(length, keys, values, fresh=True)
         self._key_buffer[:, :, :length].copy_(keys)
         self._value_buffer[:, :, :length].copy_(values)
@@ -94,14 +100,18 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         fits = buffer.dim() == 4 and buffer.shape[0] == keys.shape[0] and buffer.shape[2] >= needed
         if fits and not fresh:
             return
+        # A new buffer holds the kept positions from its start: trimmed ones are not copied.
+        kept = self.length - self.start
+        needed -= self.start
         capacity = needed + max(_SPARE_MIN, needed // 2)
         rows, heads, _, head_dim = keys.shape
         key_buffer = keys.new_empty((rows, heads, capacity, head_dim))
         value_buffer = values.new_empty((rows, values.shape[1], capacity, values.shape[3]))
-        if self.length:
-            key_buffer[:, :, : self.length].copy_(self._filled(keys=True))
-            value_buffer[:, :, : self.length].copy_(self._filled(keys=False))
+        if kept:
+            key_buffer[:, :, :kept].copy_(self._filled(keys=True))
+            value_buffer[:, :, :kept].copy_(self._filled(keys=False))
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.start, self.length = 0, kept
 
     def _set_length(self, length: int) -> None:
         self.length = length
@@ -110,7 +120,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
     def _filled(self, *, keys: bool) -> torch.Tensor:
         """A view of the `length` filled positions of the key or value buffer."""
-        return (self._key_buffer if keys else self._value_buffer)[:, :, : self.length]
+        return (self._key_buffer if keys else self._value_buffer)[:, :, self.start : self.length]
 
 
 def new_cache() -> Cache:
@@ -126,6 +136,13 @@ def join(running: Cache, new: Cache, length: int) -> None:
         running_layer.join(new_layer, length)
 
 
+def trim_left(cache: Cache, positions: int) -> None:
+    """Drop the first `positions` cached positions of every layer (padding no row needs)."""
+    for layer in cache.layers:
+        assert isinstance(layer, GrowingLayer)
+        layer.trim_left(positions)
+
+
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     missing = length - tensor.shape[2]
     if missing == 0:
@@ -133,4 +150,4 @@ def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(tensor, [0, 0, missing, 0])  # (last dim: none), (positions: left)
 
 
-__all__ = ["GrowingLayer", "join", "new_cache"]
+__all__ = ["GrowingLayer", "join", "new_cache", "trim_left"]

@@ -414,12 +414,20 @@ class TransformersEngine:
         if len(keep) == len(batch.rows):
             return batch
         index = torch.tensor(keep, dtype=torch.long, device=batch.logits.device)
+        attention = batch.attention[index]
         if keep:  # an emptied batch is dropped whole, cache included
             batch.cache.batch_select_indices(index)
+            # Left padding no remaining row attends to is cut off the cache and the mask:
+            # under a steady stream of requests the batch never drains, and without this
+            # every step would attend over (and every join copy) all the padding so far.
+            unused = int(attention.any(dim=0).to(torch.int8).argmax())
+            if unused:
+                kv_cache.trim_left(batch.cache, unused)
+                attention = attention[:, unused:]
         return _Batch(
             [batch.rows[i] for i in keep],
             batch.cache,
-            batch.attention[index],
+            attention,
             batch.next_position[index],
             batch.logits[index],
         )
