@@ -312,6 +312,32 @@ def test_skypilot_task_installs_art_and_serves_with_a_key_from_the_environment(
     assert "git+https://example.com/art.git" in git["setup"]
 
 
+def test_a_multi_node_skypilot_task_forms_a_ray_cluster_and_serves_on_it() -> None:
+    task = cluster_task(
+        api_key="generated",
+        art_version="0.3.1",
+        port=7999,
+        num_nodes=3,
+        ray_config={"replicas": 4, "trainer_workers": 2},
+    )
+    assert task["num_nodes"] == 3
+    assert "'art-grpo[backend,ray]==0.3.1'" in task["setup"]
+    run = task["run"]
+    # Every node runs the script: the first starts Ray's head, the others join it.
+    assert 'exec ray start --address="$head:6379" --block' in run
+    assert "ray start --head --port=6379" in run
+    assert 'int(os.environ["SKYPILOT_NUM_NODES"])' in run  # the head waits for every node
+    assert run.rstrip().endswith(
+        "art serve --host 0.0.0.0 --port 7999 --path ~/.art --ray --ray-config "
+        """'{"address": "auto", "replicas": 4, "trainer_workers": 2}'"""
+    )
+    assert "generated" not in run
+    with pytest.raises(art.ConfigError, match="num_nodes"):
+        cluster_task(api_key="k", num_nodes=0)
+    with pytest.raises(art.ConfigError, match="ray_config"):
+        cluster_task(api_key="k", ray_config={"replicas": 2})
+
+
 @pytest.mark.skipif(importlib.util.find_spec("sky") is not None, reason="SkyPilot is installed")
 async def test_skypilot_without_the_sdk_says_what_to_install() -> None:
     with pytest.raises(art.BackendError, match=r"pip install 'art-grpo\[skypilot\]'.*sky check"):

