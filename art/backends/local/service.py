@@ -21,7 +21,6 @@ in this process or, through `art.backends.local.process`, in a child process.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import json
 import logging
@@ -90,17 +89,12 @@ class _Base:
             yield
 
     def select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
-        return select_adapter(self.model, adapter)
-
-
-def select_adapter(model: Any, adapter: str | None) -> contextlib.AbstractContextManager[None]:
-    """Make `adapter` the active weights of `model`; None: the base (a context to hold)."""
-    if adapter is None:
-        if hasattr(model, "disable_adapter"):
-            return model.disable_adapter()  # type: ignore[no-any-return]
+        if adapter is None:
+            if hasattr(self.model, "disable_adapter"):
+                return self.model.disable_adapter()  # type: ignore[no-any-return]
+            return contextlib.nullcontext()
+        self.model.set_adapter(adapter)
         return contextlib.nullcontext()
-    model.set_adapter(adapter)
-    return contextlib.nullcontext()
 
 
 @dataclass
@@ -364,12 +358,20 @@ class ModelService:
         weights, _ = models.load(resolved, config.init_args.dtype, "cpu")
         serving: Any = add_adapter(weights, _SERVING_PLACEHOLDER, config.peft_args, seed=0)
         serving.eval()
+        lock = threading.Lock()
+
+        def select_adapter(adapter: str | None) -> contextlib.AbstractContextManager[None]:
+            if adapter is None:
+                return serving.disable_adapter()  # type: ignore[no-any-return]
+            serving.set_adapter(adapter)
+            return contextlib.nullcontext()
+
         return TransformersEngine(
             serving,
             base.tokenizer,
             max_num_seqs=config.engine_args.max_num_seqs,
-            model_lock=threading.Lock(),
-            select_adapter=functools.partial(select_adapter, serving),
+            model_lock=lock,
+            select_adapter=select_adapter,
             stop_token_ids=stop_token_ids,
             serves_training_weights=False,
             merged=self._merged_copy(serving, resolved, config),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -26,7 +25,6 @@ from typing import Any
 from ...core import dev
 from ..local import models
 from ..local.engine import Engine, EngineName, Sample, SamplingParams
-from ..local.service import select_adapter
 
 _REMEMBERED_PROMPTS = 256
 
@@ -62,7 +60,7 @@ class Replica:
             tokenizer,
             max_num_seqs=config.engine_args.max_num_seqs,
             model_lock=self._lock,
-            select_adapter=functools.partial(select_adapter, self.model),
+            select_adapter=self._select_adapter,
             stop_token_ids=set(stop_token_ids),
         )
 
@@ -91,6 +89,14 @@ class Replica:
             log_path=Path(tempfile.mkdtemp(prefix="art-replica-")) / "vllm.log",
             max_loras=8,
         )
+
+    def _select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
+        if adapter is None:
+            if hasattr(self.model, "disable_adapter"):
+                return self.model.disable_adapter()  # type: ignore[no-any-return]
+            return contextlib.nullcontext()
+        self.model.set_adapter(adapter)
+        return contextlib.nullcontext()
 
     async def generate(
         self,
