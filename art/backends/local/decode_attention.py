@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "art_decode"
 _UNSUPPORTED = ("s_aux", "sinks", "softcap", "position_bias", "cache")
@@ -33,8 +34,6 @@ def decode_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: query [b, heads, q, d], key/value [b, kv heads, k, d]."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     rows, heads, positions, head_dim = query.shape
     kv_heads = key.shape[1]
     if (
