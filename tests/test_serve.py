@@ -336,6 +336,8 @@ def test_a_multi_node_skypilot_task_forms_a_ray_cluster_and_serves_on_it() -> No
         cluster_task(api_key="k", num_nodes=0)
     with pytest.raises(art.ConfigError, match="ray_config"):
         cluster_task(api_key="k", ray_config={"replicas": 2})
+    with pytest.raises(art.ConfigError, match=r"ray_config.*replicas"):
+        cluster_task(api_key="k", num_nodes=2, ray_config={"replicas": 0})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sky") is not None, reason="SkyPilot is installed")

@@ -56,6 +56,13 @@ def cluster_task(
             "configures the Ray cluster of a multi-node launch, and num_nodes is 1",
             "Set num_nodes to 2 or more, or remove ray_config",
         )
+    if ray_config is not None:
+        from .ray.config import RayConfig
+
+        try:  # here, not on the cluster after minutes of setup
+            RayConfig.model_validate({"address": "auto", **ray_config})
+        except ValueError as error:
+            raise ConfigError("ray_config", str(error), "Give RayConfig fields") from error
     version = art_version or _installed_version()
     extras = "backend,ray" if num_nodes > 1 else "backend"
     requirement = (
