@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from ..core.errors import BackendError, ConfigError
 from .serverless import ServerlessBackend
@@ -61,8 +62,9 @@ def cluster_task(
 
         try:  # here, not on the cluster after minutes of setup
             RayConfig.model_validate({"address": "auto", **ray_config})
-        except ValueError as error:
-            raise ConfigError("ray_config", str(error), "Give RayConfig fields") from error
+        except ValidationError as error:
+            problems = "; ".join(str(problem["msg"]) for problem in error.errors())
+            raise ConfigError("ray_config", problems, "Give valid RayConfig fields") from error
     version = art_version or _installed_version()
     extras = "backend,ray" if num_nodes > 1 else "backend"
     requirement = (
