@@ -6,7 +6,9 @@
   (`decode_attention`) give the same tokens and logprobs as the trainer's full-sequence
   forward pass (stock SDPA, no cache), rows of different lengths batched together.
 - The merged sampling copy (`merged.MergedCopy`) serves the adapter's current weights:
-  its logprobs equal the PEFT-wrapped model's, and again after the adapter changes.
+  its logprobs equal the PEFT-wrapped model's, and again after the adapter changes; its
+  decode steps run through `lean_decode.LeanDecoder`, which gives transformers' own logits
+  for each architecture it takes.
 fp32 throughout, so the comparisons can be tight.
 """
 
@@ -21,8 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from art.backends.local import sampling
+from art.backends.local import kv_cache, sampling
 from art.backends.local.engine import SamplingParams
+from art.backends.local.lean_decode import LeanDecoder
 from art.backends.local.merged import MergedCopy
 from art.backends.local.trainer import add_adapter
 from art.backends.local.transformers_engine import TransformersEngine
@@ -165,6 +168,7 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
     engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
+    assert engine._lean is not None  # the default model's decode steps skip transformers
     prompts = _prompts(tokenizer)[1:2]
     greedy = SamplingParams(max_tokens=16, temperature=0)
     try:
@@ -186,6 +190,96 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
         assert torch.allclose(full, torch.tensor(base_sample.logprobs), atol=1e-4)
     finally:
         engine.close()
+
+
+def test_merged_copy_rows_of_different_lengths_match_the_full_forward_pass(
+    default_model: tuple[Any, Any],
+) -> None:
+    """Rows joined mid-flight with left padding, sampled at temperature 1, through the
+    merged copy's lean decode steps: each token's logprob is the full pass's."""
+    base, tokenizer = default_model
+    wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02, generator=torch.Generator().manual_seed(7))
+    engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, copy.deepcopy(base)))
+    try:
+        prompts = _prompts(tokenizer)
+        params = SamplingParams(max_tokens=20, temperature=1.0, seed=5)
+        samples = _sample_all(engine, prompts, params, adapter="policy")
+        for prompt, sample in zip([p for p in prompts for _ in range(2)], samples, strict=True):
+            full = _full_forward_logprobs(wrapped, prompt, sample.token_ids)
+            got = torch.tensor(sample.logprobs)
+            assert torch.allclose(full, got, atol=1e-4), (full - got).abs().max()
+    finally:
+        engine.close()
+
+
+def _tiny(model_type: str) -> Any:
+    """A randomly initialised model of `model_type`, small enough to build in a test."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # Qwen2's q/k/v biases start at 0; make them count
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    return model.eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_lean_decode_steps_give_transformers_logits(model_type: str) -> None:
+    model = _tiny(model_type)
+    lean = LeanDecoder.of(model)
+    assert lean is not None
+    # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
+    ids = torch.randint(1, 300, (2, 9), generator=torch.Generator().manual_seed(1))
+    attention = torch.ones(2, 9, dtype=torch.long)
+    attention[1, :3] = 0
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    cache = kv_cache.new_cache()
+    sequences = [ids[0].tolist(), ids[1, 3:].tolist()]
+    with torch.inference_mode():
+        model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache
+        )
+        next_position = positions[:, -1:] + 1
+        for step in range(4):
+            tokens = torch.tensor([11 + step, 200 - step])
+            attention = torch.cat([attention, attention.new_ones(2, 1)], dim=1)
+            logits = lean.step(tokens, next_position, attention, cache)
+            next_position = next_position + 1
+            for row, sequence in enumerate(sequences):
+                sequence.append(int(tokens[row]))
+                full = model(torch.tensor([sequence])).logits[0, -1].float()
+                assert torch.allclose(logits[row], full, atol=1e-4), (
+                    (logits[row] - full).abs().max()
+                )
+
+
+def test_lean_decode_shares_the_models_weights() -> None:
+    """The fused projections are the model's own weights: a write to one (as a merge
+    makes) changes both the transformers model and the lean step."""
+    model = _tiny("llama")
+    lean = LeanDecoder.of(model)
+    assert lean is not None
+    q_proj = model.model.layers[0].self_attn.q_proj.weight
+    with torch.no_grad():
+        q_proj.add_(1.0)
+    assert torch.equal(lean.layers[0].qkv[: q_proj.shape[0]], q_proj)
+    assert LeanDecoder.of(_tiny("gpt2")) is None  # an architecture it does not reproduce
 
 
 @pytest.mark.parametrize("targets", [("q_proj", "lm_head")])

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from . import kv_cache, sampling
 from .engine import OnToken, Sample, SamplingParams, text_until_stop
+from .lean_decode import LeanDecoder
 from .merged import MergedCopy
 from .structured import Grammars
 
@@ -110,6 +111,8 @@ class TransformersEngine:
         self.model = model
         self.merged = merged  # a plain copy to sample from, the served adapter merged in
         self._running_model: Any = model  # what the running batch calls
+        # Decode steps of the plain copy skip transformers' module stack where it can.
+        self._lean = LeanDecoder.of(merged.plain) if merged is not None else None
         self.tokenizer = tokenizer
         self.max_num_seqs = max_num_seqs
         self.model_lock = model_lock
@@ -293,11 +296,14 @@ class TransformersEngine:
         if not rows:
             return None
         device = next(self.model.parameters()).device
-        longest = max(len(row.request.prompt_ids) for row in rows)
-        input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids = row.request.prompt_ids
+        # Rows with the same prompt (a request's n samples, a group's rollouts sent
+        # together) share one prefilled row: its cache is copied to each of them.
+        prompts: dict[tuple[int, ...], int] = {}
+        source = [prompts.setdefault(tuple(row.request.prompt_ids), len(prompts)) for row in rows]
+        longest = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for i, ids in enumerate(prompts):
             input_ids[i, longest - len(ids) :] = torch.tensor(ids)
             attention[i, longest - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
@@ -314,9 +320,12 @@ class TransformersEngine:
             # grad (any PEFT-wrapped model) expands the whole LM head per row: 3x slower.
             logits_to_keep=torch.tensor([longest - 1], device=device),
         )
-        return _Batch(
-            rows, cache, attention, positions[:, -1:] + 1, output.logits[:, -1, :].float()
-        )
+        logits = output.logits[:, -1, :].float()
+        if len(prompts) < len(rows):
+            index = torch.tensor(source, dtype=torch.long, device=device)
+            cache.batch_select_indices(index)
+            attention, positions, logits = attention[index], positions[index], logits[index]
+        return _Batch(rows, cache, attention, positions[:, -1:] + 1, logits)
 
     def _rows(self, request: _Request) -> list[_Row]:
         request.samples = [Sample() for _ in range(request.n)]
@@ -380,20 +389,18 @@ class TransformersEngine:
         if not batch.rows:
             return batch
         attention = torch.cat([batch.attention, batch.attention.new_ones((len(keep), 1))], dim=1)
-        output = self._running_model(
-            input_ids=tokens[:, None],
-            attention_mask=attention,
-            position_ids=batch.next_position,
-            past_key_values=batch.cache,
-            use_cache=True,
-        )
-        return _Batch(
-            batch.rows,
-            batch.cache,
-            attention,
-            batch.next_position + 1,
-            output.logits[:, -1, :].float(),
-        )
+        if self._lean is not None and self._running_model is self._lean.model:
+            logits = self._lean.step(tokens, batch.next_position, attention, batch.cache)
+        else:
+            output = self._running_model(
+                input_ids=tokens[:, None],
+                attention_mask=attention,
+                position_ids=batch.next_position,
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+            logits = output.logits[:, -1, :].float()
+        return _Batch(batch.rows, batch.cache, attention, batch.next_position + 1, logits)
 
     def _advance(
         self, row: _Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
