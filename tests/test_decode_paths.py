@@ -216,6 +216,40 @@ def test_merged_copy_rows_of_different_lengths_match_the_full_forward_pass(
         engine.close()
 
 
+def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
+    default_model: tuple[Any, Any],
+) -> None:
+    """Prompts sharing the chat template's system prompt, and a next turn extending an
+    earlier prompt, take those positions from the prefix cache; every sampled token's
+    logprob is still the full pass's, and the cache is emptied when the weights change."""
+    model, tokenizer = default_model
+    engine = _engine(model, tokenizer)
+    try:
+        first = _prompts(tokenizer)
+        params = SamplingParams(max_tokens=12, temperature=1.0, seed=11)
+        samples = _sample_all(engine, first, params, adapter=None)
+        after_first = engine._prefixes.saved
+        assert after_first > 0  # the three prompts share the template's opening
+        turn = first[1] + samples[2].token_ids + _prompts(tokenizer)[0][-8:]
+        later = [turn, first[2]]  # an extended conversation, and a prompt seen before
+        more = _sample_all(engine, later, params, adapter=None)
+        # Both extend the cached opening: only their later tokens were computed.
+        opening = next(i for i, ids in enumerate(zip(*first, strict=False)) if len(set(ids)) > 1)
+        assert opening >= 16
+        assert engine._prefixes.saved >= after_first + 2 * opening
+        for prompt, sample in zip(
+            [p for p in first + later for _ in range(2)], samples + more, strict=True
+        ):
+            full = _full_forward_logprobs(model, prompt, sample.token_ids)
+            got = torch.tensor(sample.logprobs)
+            assert torch.allclose(full, got, atol=1e-4), (full - got).abs().max()
+        with engine.paused():
+            pass
+        assert engine._prefixes.longest(None, tuple(first[0])) is None
+    finally:
+        engine.close()
+
+
 def _tiny(model_type: str) -> Any:
     """A randomly initialised model of `model_type`, small enough to build in a test."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -128,6 +128,28 @@ def new_cache() -> Cache:
     return Cache(layer_class_to_replicate=GrowingLayer)
 
 
+def with_prefix(prefix: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> Cache:
+    """A cache of `rows` rows, each holding `prefix` (per layer keys and values of one row)."""
+    layers: list[Any] = []
+    for keys, values in prefix:
+        layer = GrowingLayer()
+        layer.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
+        layers.append(layer)
+    return Cache(layers=layers)
+
+
+def row_prefix(cache: Cache, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the first `length` cached positions of `row`, per layer (for `with_prefix`)."""
+    prefix = []
+    for layer in cache.layers:
+        assert isinstance(layer, GrowingLayer)
+        keys, values = layer._filled(keys=True), layer._filled(keys=False)
+        prefix.append(
+            (keys[row : row + 1, :, :length].clone(), values[row : row + 1, :, :length].clone())
+        )
+    return prefix
+
+
 def join(running: Cache, new: Cache, length: int) -> None:
     """Append `new`'s rows to `running` in place, both left-padded (masked) to `length`."""
     for running_layer, new_layer in zip(running.layers, new.layers, strict=True):
@@ -150,4 +172,4 @@ def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(tensor, [0, 0, missing, 0])  # (last dim: none), (positions: left)
 
 
-__all__ = ["GrowingLayer", "join", "new_cache", "trim_left"]
+__all__ = ["GrowingLayer", "join", "new_cache", "row_prefix", "trim_left", "with_prefix"]

@@ -30,7 +30,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from . import kv_cache, sampling
 from .engine import OnToken, Sample, SamplingParams, text_until_stop
 from .lean_decode import LeanDecoder
 from .merged import MergedCopy
+from .prefix_cache import LayerKV, PrefixCache, Prompt
 from .structured import Grammars
 
 _MAX_WAIT_STEPS = 8
@@ -113,6 +114,7 @@ class TransformersEngine:
         self._running_model: Any = model  # what the running batch calls
         # Decode steps of the plain copy skip transformers' module stack where it can.
         self._lean = LeanDecoder.of(merged.plain) if merged is not None else None
+        self._prefixes = PrefixCache()
         self.tokenizer = tokenizer
         self.max_num_seqs = max_num_seqs
         self.model_lock = model_lock
@@ -168,8 +170,9 @@ class TransformersEngine:
                 self._pausing.clear()
                 try:
                     yield
-                finally:
-                    if self.merged is not None:  # whoever paused may have changed adapters
+                finally:  # whoever paused may have changed the weights
+                    self._prefixes.clear()
+                    if self.merged is not None:
                         self.merged.invalidate()
         finally:
             self._pausing.clear()
@@ -296,19 +299,60 @@ class TransformersEngine:
         if not rows:
             return None
         device = next(self.model.parameters()).device
+        adapter = requests[0].adapter
         # Rows with the same prompt (a request's n samples, a group's rollouts sent
-        # together) share one prefilled row: its cache is copied to each of them.
-        prompts: dict[tuple[int, ...], int] = {}
+        # together) share one prefilled row, copied to each of them; prompts that start
+        # with a shared prefix take its keys and values from the prefix cache.
+        prompts: dict[Prompt, int] = {}
         source = [prompts.setdefault(tuple(row.request.prompt_ids), len(prompts)) for row in rows]
-        longest = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), longest), dtype=torch.long)
-        for i, ids in enumerate(prompts):
-            input_ids[i, longest - len(ids) :] = torch.tensor(ids)
-            attention[i, longest - len(ids) :] = 1
+        distinct = list(prompts)
+        groups: dict[Prompt, list[int]] = {}
+        for i, prompt in enumerate(distinct):
+            shared = self._prefixes.prefix_of(prompt, distinct, adapter)
+            groups.setdefault(prompt[:shared], []).append(i)
+        order: list[int] = []
+        batch: _Batch | None = None
+        for prefix, members in groups.items():
+            part = self._prefill_group(prefix, [distinct[i] for i in members], adapter, device)
+            batch = part if batch is None else _stack(batch, part)
+            order += members
+        for prompt in distinct:
+            self._prefixes.remember(prompt)
+        assert batch is not None
+        place = {prompt_index: i for i, prompt_index in enumerate(order)}
+        index = [place[i] for i in source]
+        if index != list(range(len(batch.logits))):
+            selected = torch.tensor(index, dtype=torch.long, device=device)
+            batch.cache.batch_select_indices(selected)
+            batch = _Batch(
+                rows,
+                batch.cache,
+                batch.attention[selected],
+                batch.next_position[selected],
+                batch.logits[selected],
+            )
+        return replace(batch, rows=rows)
+
+    def _prefill_group(
+        self, prefix: Prompt, prompts: list[Prompt], adapter: str | None, device: torch.device
+    ) -> _Batch:
+        """`prompts` (each starting with `prefix`, which may be empty) prefilled as one batch:
+        cache rows laid out as [prefix | left padding | the rest of the prompt]."""
+        if prefix:
+            cache = kv_cache.with_prefix(self._prefix_kv(prefix, adapter, device), len(prompts))
+            self._prefixes.saved += len(prefix) * (len(prompts) - 1)  # computed once for all
+        else:
+            cache = kv_cache.new_cache()
+        rests = [prompt[len(prefix) :] for prompt in prompts]
+        longest = max(len(rest) for rest in rests)
+        input_ids = torch.full((len(rests), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rests), len(prefix) + longest), dtype=torch.long)
+        attention[:, : len(prefix)] = 1
+        for i, rest in enumerate(rests):
+            input_ids[i, longest - len(rest) :] = torch.tensor(rest)
+            attention[i, len(attention[i]) - len(rest) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = kv_cache.new_cache()
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, len(prefix) :]
         output = self._running_model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -321,11 +365,29 @@ class TransformersEngine:
             logits_to_keep=torch.tensor([longest - 1], device=device),
         )
         logits = output.logits[:, -1, :].float()
-        if len(prompts) < len(rows):
-            index = torch.tensor(source, dtype=torch.long, device=device)
-            cache.batch_select_indices(index)
-            attention, positions, logits = attention[index], positions[index], logits[index]
-        return _Batch(rows, cache, attention, positions[:, -1:] + 1, logits)
+        return _Batch([], cache, attention, positions[:, -1:] + 1, logits)
+
+    def _prefix_kv(
+        self, prefix: Prompt, adapter: str | None, device: torch.device
+    ) -> list[LayerKV]:
+        """The keys and values of `prefix`: cached, or computed from its longest cached
+        prefix on (a conversation's next turn extends the last) and cached."""
+        found = self._prefixes.longest(adapter, prefix)
+        start, layers = found if found is not None else (0, [])
+        self._prefixes.saved += start
+        if start == len(prefix):
+            return layers
+        cache = kv_cache.with_prefix(layers, 1) if layers else kv_cache.new_cache()
+        self._running_model(
+            input_ids=torch.tensor([prefix[start:]], device=device),
+            position_ids=torch.arange(start, len(prefix), device=device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=torch.tensor([len(prefix) - start - 1], device=device),
+        )
+        layers = kv_cache.row_prefix(cache, 0, len(prefix))
+        self._prefixes.put(adapter, prefix, layers)
+        return layers
 
     def _rows(self, request: _Request) -> list[_Row]:
         request.samples = [Sample() for _ in range(request.n)]
@@ -341,23 +403,12 @@ class TransformersEngine:
         return rows
 
     def _join(self, running: _Batch | None, new: _Batch | None) -> _Batch | None:
-        """One batch of both: the shorter cache is left-padded (masked) to the longer."""
+        """One batch of both (the new rows last); either may be missing or empty."""
         if new is None:
             return running
         if running is None or not running.rows:
             return new
-        length = max(running.attention.shape[1], new.attention.shape[1])
-        kv_cache.join(running.cache, new.cache, length)
-        attention = torch.cat(
-            [_left_pad(running.attention, length, dim=1), _left_pad(new.attention, length, dim=1)]
-        )
-        return _Batch(
-            running.rows + new.rows,
-            running.cache,
-            attention,
-            torch.cat([running.next_position, new.next_position]),
-            torch.cat([running.logits, new.logits]),
-        )
+        return _stack(running, new)
 
     def _step(self, batch: _Batch) -> _Batch:
         """Sample one token for every row, retire finished rows, and run the model once."""
@@ -491,6 +542,22 @@ def _settle(
             future.set_result(result)
     except concurrent.futures.InvalidStateError:
         pass  # cancelled (its caller went away) or already failed: nobody is waiting
+
+
+def _stack(top: _Batch, bottom: _Batch) -> _Batch:
+    """`top`'s rows then `bottom`'s: the shorter cache is left-padded (masked) to the longer."""
+    length = max(top.attention.shape[1], bottom.attention.shape[1])
+    kv_cache.join(top.cache, bottom.cache, length)
+    attention = torch.cat(
+        [_left_pad(top.attention, length, dim=1), _left_pad(bottom.attention, length, dim=1)]
+    )
+    return _Batch(
+        top.rows + bottom.rows,
+        top.cache,
+        attention,
+        torch.cat([top.next_position, bottom.next_position]),
+        torch.cat([top.logits, bottom.logits]),
+    )
 
 
 def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:

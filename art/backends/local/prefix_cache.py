@@ -1,0 +1,91 @@
+"""Keys and values of prompt prefixes that many requests share, prefilled once.
+
+Requests of one workload share long prompt prefixes: a system prompt, a tool list, the
+conversation so far of an agent's next turn. On a CPU a prefilled token costs about
+what a decoded one does (both are compute-bound at a batch of 32), and the shared part
+is most of a prompt (24 of the default model's ~39 template tokens for a one-line user
+message), so prefilling it once per request is most of the prefill work.
+
+A prefix is kept once two prompts seen are found to share it (at least `min_tokens`
+tokens, not the whole of either): the longest common prefix of a new prompt with the
+other prompts of its prefill and the last `remembered` prompts. Entries are per adapter
+and dropped whenever the weights change (`clear`); the least recently used goes first
+beyond `capacity`. The cached keys and values are those a prefill of the prefix alone
+computes, which is what a full-prompt prefill computes for those positions: attention
+is causal, so no position sees what follows it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+
+import torch
+
+# One layer's cached keys and values for the prefix, each [1, kv heads, tokens, head dim].
+LayerKV = tuple[torch.Tensor, torch.Tensor]
+Prompt = tuple[int, ...]
+
+
+class PrefixCache:
+    """Shared prompt prefixes and their keys and values, per adapter."""
+
+    def __init__(self, min_tokens: int = 16, capacity: int = 16, remembered: int = 64) -> None:
+        self.min_tokens = min_tokens
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str | None, Prompt], list[LayerKV]] = OrderedDict()
+        self._recent: deque[Prompt] = deque(maxlen=remembered)
+        self.saved = 0  # prefill tokens not computed: taken from the cache or shared in a batch
+
+    def clear(self) -> None:
+        """The weights changed: no cached prefix is valid any more."""
+        self._entries.clear()
+
+    def prefix_of(self, prompt: Prompt, neighbours: Iterable[Prompt], adapter: str | None) -> int:
+        """Tokens of `prompt` to take from the cache (or to prefill into it first): the
+        longest cached prefix, else the longest shared with a neighbour or a recent prompt;
+        0 where that is shorter than `min_tokens`. Always at least one token short of the
+        prompt, whose last position must run to give the next token's logits."""
+        cached = self.longest(adapter, prompt)
+        best = cached[0] if cached is not None else 0
+        for other in [*neighbours, *self._recent]:
+            if other is not prompt:
+                best = max(best, _common_length(prompt, other))
+        best = min(best, len(prompt) - 1)
+        return best if best >= self.min_tokens else 0
+
+    def remember(self, prompt: Prompt) -> None:
+        """`prompt` was prefilled: later prompts may share a prefix with it."""
+        self._recent.append(prompt)
+
+    def longest(self, adapter: str | None, prompt: Prompt) -> tuple[int, list[LayerKV]] | None:
+        """The longest cached prefix of `prompt` (or `prompt` itself): its length and layers."""
+        best: tuple[Prompt, list[LayerKV]] | None = None
+        for (cached_adapter, prefix), layers in self._entries.items():
+            fits = len(prefix) <= len(prompt) and prompt[: len(prefix)] == prefix
+            if cached_adapter == adapter and fits and (best is None or len(prefix) > len(best[0])):
+                best = prefix, layers
+        if best is None:
+            return None
+        self._entries.move_to_end((adapter, best[0]))
+        return len(best[0]), best[1]
+
+    def put(self, adapter: str | None, prefix: Prompt, layers: list[LayerKV]) -> None:
+        self._entries[adapter, prefix] = layers
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+
+def _common_length(a: Prompt, b: Prompt) -> int:
+    """Length of the common prefix, by bisection over slice comparisons (which run in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+__all__ = ["LayerKV", "PrefixCache"]
