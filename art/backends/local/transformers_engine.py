@@ -306,9 +306,12 @@ class TransformersEngine:
         prompts: dict[Prompt, int] = {}
         source = [prompts.setdefault(tuple(row.request.prompt_ids), len(prompts)) for row in rows]
         distinct = list(prompts)
+        # A seeded request must repeat itself, so its prompt is prefilled whole: a prefix
+        # from the cache changes the rounding of the rest (attention split differently).
+        seeded = {source[i] for i, row in enumerate(rows) if row.request.params.seed is not None}
         groups: dict[Prompt, list[int]] = {}
         for i, prompt in enumerate(distinct):
-            shared = self._prefixes.prefix_of(prompt, distinct, adapter)
+            shared = 0 if i in seeded else self._prefixes.prefix_of(prompt, distinct, adapter)
             groups.setdefault(prompt[:shared], []).append(i)
         order: list[int] = []
         batch: _Batch | None = None
