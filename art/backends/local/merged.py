@@ -8,13 +8,14 @@ second, plain copy whose adapted weights hold W0 + delta of the adapter being se
 merged again whenever that adapter changes (after each training step).
 
 Costs and limits: the copy's memory (the base weights once more), and a merge (a few
-passes over the adapted weights; 0.1 s for the default model) when the served adapter
+passes over the adapted weights; 0.15 s for the default model on one core) when the served adapter
 changes. In float32 the copy's logprobs equal the wrapped model's. In bf16 an update
 smaller than half a bf16 step of a weight is rounded away in the copy; measured against
-the trainer's own forward pass, sampled tokens' logprobs differ by 0.040 on average
-with the copy and by 0.038 without it (bf16 decode with a KV cache is not the trainer's
-full-sequence pass either), and the sampler's logprobs are always those of the weights
-that sampled, which is what the trainer's importance ratio needs.
+the trainer's own forward pass, sampled tokens' logprobs differ by 0.044 on average
+through the copy and by 0.040 through the adapter's modules (benchmarks/
+sampler_fidelity.py; bf16 decode with a KV cache is not the trainer's full-sequence pass
+either), and the sampler's logprobs are always those of the weights that sampled, which
+is what the trainer's importance ratio needs.
 """
 
 from __future__ import annotations
