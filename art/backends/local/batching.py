@@ -30,34 +30,25 @@ PACKED_ROW_TOKENS = 1024
 
 
 def pack(
-    lengths: Sequence[int],
-    capacity: int,
-    max_sequences: int | None = None,
-    counts: Sequence[int] | None = None,
+    lengths: Sequence[int], capacity: int, max_sequences: int | None = None
 ) -> list[list[int]]:
     """Indices of `lengths` grouped into bins of at most `capacity` tokens each.
 
     First-fit decreasing; a length over `capacity` gets a bin of its own, and no bin
-    holds more than `max_sequences` sequences when that is set. Entry i stands for
-    `counts[i]` sequences (1 each when `counts` is None).
+    holds more than `max_sequences` entries when that is set.
     """
-    sizes = list(counts) if counts is not None else [1] * len(lengths)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     bins: list[list[int]] = []
     room: list[int] = []
-    held: list[int] = []
     for i in order:
         for b, left in enumerate(room):
-            fits = max_sequences is None or held[b] + sizes[i] <= max_sequences
-            if lengths[i] <= left and fits:
+            if lengths[i] <= left and (max_sequences is None or len(bins[b]) < max_sequences):
                 bins[b].append(i)
                 room[b] -= lengths[i]
-                held[b] += sizes[i]
                 break
         else:
             bins.append([i])
             room.append(capacity - lengths[i])
-            held.append(sizes[i])
     return bins
 
 

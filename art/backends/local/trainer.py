@@ -43,7 +43,7 @@ from .memory import (
     return_large_frees_to_the_os,
 )
 from .memory import budget as memory_budget
-from .shared_prefix import PrefixTrie, distinct_tokens
+from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
 from .tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 if TYPE_CHECKING:
@@ -396,16 +396,17 @@ class PeftTrainer:
         row = min(capacity, PACKED_ROW_TOKENS)
         max_sequences = dev_config.gradient_accumulation_sequences
         units = self._units(sequences, row, max_sequences)
-        bins = pack(
-            [distinct_tokens([sequences[i].token_ids for i in unit]) for unit in units],
-            row,
-            max_sequences,
-            counts=[len(unit) for unit in units],
-        )
+        # A unit of several sequences (a prefix tree) is a micro-batch of its own: two trees
+        # in one row would make each token's attention span both (see `row_cost`), for
+        # nothing. Lone sequences are packed together as before.
+        alone = [unit for unit in units if len(unit) == 1]
+        packed = pack([lengths[unit[0]] for unit in alone], row, max_sequences)
+        bins = [[unit] for unit in units if len(unit) > 1]
+        bins += [[alone[i] for i in bin_indices] for bin_indices in packed]
         batches: list[_Batch] = []
         estimated = 0
         for bin_units in bins:
-            indices = [i for u in bin_units for i in units[u]]
+            indices = [i for unit in bin_units for i in unit]
             shares = self._may_share(sequences[i] for i in indices)
             if shares:  # what the forward computes: each distinct prefix once
                 tokens = distinct_tokens([sequences[i].token_ids for i in indices])
@@ -425,11 +426,12 @@ class PeftTrainer:
     ) -> list[list[int]]:
         """The step's sequences in units that train together in one micro-batch.
 
-        A unit is sequences of one group that share a prefix (the group's prompt), as many
-        as fit one row of `row` distinct tokens: trained together, the prefix runs once.
-        A sequence longer than a row is a unit alone, as it was before prefixes were
-        shared: such micro-batches are the ones gradient checkpointing is for, and their
-        attention keeps the causal kernel of a lone sequence rather than a dense mask.
+        A unit is sequences of one group that share a prefix (the group's prompt), trained
+        together so the prefix runs once: a sequence joins while that costs less than a
+        row of its own would (`worth_joining`) and the row stays within `row` distinct
+        tokens. A sequence longer than a row is a unit alone, as it was before prefixes
+        were shared: such micro-batches are the ones gradient checkpointing is for, and
+        their attention keeps the causal kernel of a lone sequence rather than a mask.
         """
         by_group: dict[int, list[int]] = {}
         units: list[list[int]] = []
@@ -445,7 +447,10 @@ class PeftTrainer:
             for i in members:
                 ids = sequences[i].token_ids
                 full = max_sequences is not None and len(unit) >= max_sequences
-                if unit and (full or len(trie.token_ids) + trie.new_tokens(ids) > row):
+                tokens, new = len(trie.token_ids), trie.new_tokens(ids)
+                if unit and (
+                    full or tokens + new > row or not worth_joining(tokens, new, len(ids))
+                ):
                     units.append(unit)
                     trie, unit = PrefixTrie(), []
                 trie.add(ids)
