@@ -220,11 +220,15 @@ def test_a_step_with_shared_prefixes_trains_as_one_sequence_at_a_time(
     default_model: tuple[Any, Any], groups: list[art.TrajectoryGroup]
 ) -> None:
     """The whole step: shared prefixes give the metrics (the gradient norm before clipping
-    included) of micro-batches of one sequence, where nothing can be shared."""
+    included) of micro-batches of one sequence, where nothing can be shared, with
+    gradient checkpointing or without."""
     config = art.TrainConfig(learning_rate=1e-4, beta=0.1)
     shared = _trainer(default_model).step(groups, config, art.dev.TrainConfig())
     alone = _trainer(default_model).step(
         groups, config, art.dev.TrainConfig(gradient_accumulation_sequences=1)
+    )
+    recomputed = _trainer(default_model, gradient_checkpointing=True).step(
+        groups, config, art.dev.TrainConfig()
     )
 
     # The group of one rollout has no reward variance: nothing of it is trained.
@@ -242,6 +246,9 @@ def test_a_step_with_shared_prefixes_trains_as_one_sequence_at_a_time(
     ):
         assert math.isfinite(shared[name]), name
         assert shared[name] == pytest.approx(alone[name], rel=1e-4, abs=1e-7), name
+        assert recomputed[name] == pytest.approx(shared[name], rel=1e-4, abs=1e-7), name
+    # Gradient checkpointing recomputes each layer of a tree under the same mask.
+    assert recomputed["checkpointed_micro_batches"] == recomputed["micro_batches"] == 2
     assert shared["kl"] > 0
 
 
