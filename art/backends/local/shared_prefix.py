@@ -14,7 +14,9 @@ each sequence had been run alone. No token is padding, none is computed twice.
 Why a tree in one row and not a prompt's KV cache expanded over k padded suffix rows:
 the row needs no padding whatever the suffix lengths, one forward call covers the whole
 micro-batch, and prefixes shared at any depth (across groups, inside a multi-turn
-conversation) are found the same way.
+conversation) are found the same way. Its price: under the mask each token's attention
+spans the whole row (`DENSE_ROW_TOKENS`), so trees are kept one to a micro-batch and
+stop growing where that costs more than it saves (`worth_joining`).
 """
 
 from __future__ import annotations
