@@ -222,7 +222,7 @@ def test_a_tight_budget_splits_the_step_and_trains_the_same(
     trainer = fresh_trainer(default_model)
     memory = StepMemory.of(trainer._causal_lm, trainer.parameters)
     rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
-    # Room for one 260-token sequence without checkpointing, not for two.
+    # Room for one 260-token sequence without checkpointing, not for two apart.
     budget = (rss + memory.step_bytes(400, checkpointed=False)) / GIB
     tight = PeftTrainer(
         trainer.model,
@@ -231,8 +231,10 @@ def test_a_tight_budget_splits_the_step_and_trains_the_same(
         trainer_args=art.dev.TrainerArgs(memory_budget_gb=budget, gradient_checkpointing=False),
     ).step(groups, config, art.dev.TrainConfig())
 
-    assert roomy["micro_batches"] < 4
-    assert tight["micro_batches"] == 4
+    # Roomy: the 4 sequences share their tools prompt in one tree; tight: 400 tokens hold
+    # the prompt and at most two answers.
+    assert roomy["micro_batches"] == 1
+    assert tight["micro_batches"] >= 2
     for name in ("loss", "grad_norm", "entropy", "tokens_trained"):
         assert tight[name] == pytest.approx(roomy[name], rel=1e-3), name
     print(f"\npeak {tight['peak_memory_gb']:.2f} GiB, estimated {tight['estimated_memory_gb']:.2f}")

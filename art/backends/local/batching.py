@@ -5,7 +5,11 @@
 micro-batch out as one row: the sequences concatenated, `position_ids` restarting at 0
 at each one. transformers reads restarting positions as packed sequences and masks
 attention across their boundaries, so no sequence sees another and no pad token is
-computed on. Only the hidden states that predict trained tokens go through the LM head.
+computed on. With `share_prefixes` the row is a prefix tree instead (`shared_prefix.py`):
+a prefix that several sequences share appears once, with a 4D attention mask that lets
+each token see its own sequences only. Only the hidden states that predict trained
+tokens go through the LM head; a trained token of a shared prefix is predicted once per
+sequence that trains it, since each sequence's loss term is its own.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .shared_prefix import PrefixTree
 from .tokenize import TrainingSequence
 
 # A row of several packed sequences attends through a block mask, which SDPA's CPU
@@ -53,6 +58,9 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # [1, tokens]
     position_ids: torch.Tensor  # [1, tokens], 0 at the start of each sequence
+    # [1, 1, tokens, tokens] bool when prefixes are shared; None: the sequences lie apart
+    # and transformers masks between them from `position_ids`.
+    attention_mask: torch.Tensor | None
     predict_at: torch.Tensor  # [n]: positions whose hidden state predicts a trained token
     targets: torch.Tensor  # [n]: those trained tokens
     layout: tuple[torch.Tensor, torch.Tensor]  # [n] row (sequence) and column of each
@@ -75,9 +83,22 @@ class MicroBatch:
         sequences: Sequence[TrainingSequence],
         advantages: dict[tuple[int, int], float],
         device: torch.device,
+        *,
+        share_prefixes: bool = False,
     ) -> MicroBatch:
         ids: list[int] = []
         positions: list[int] = []
+        where: list[Sequence[int]] = []  # each sequence's tokens' indices in the row
+        attention_mask: torch.Tensor | None = None
+        tree = PrefixTree.of([s.token_ids for s in sequences]) if share_prefixes else None
+        if tree is not None and tree.shared:
+            ids, positions, where = tree.token_ids, tree.positions, list(tree.where)
+            attention_mask = tree.attention_mask(device)
+        else:  # nothing shared: the plain packed row, whose mask transformers builds
+            for sequence in sequences:
+                where.append(range(len(ids), len(ids) + len(sequence.token_ids)))
+                ids += sequence.token_ids
+                positions += range(len(sequence.token_ids))
         predict_at: list[int] = []
         targets: list[int] = []
         rows: list[int] = []
@@ -85,14 +106,13 @@ class MicroBatch:
         old: list[float] = []
         row_advantages: list[float] = []
         for row, sequence in enumerate(sequences):
-            offset = len(ids)
-            ids += sequence.token_ids
-            positions += range(len(sequence.token_ids))
             column = 0
-            # Token 0 of a sequence is predicted by nothing in it.
+            # Token 0 of a sequence is predicted by nothing in it; token t by the hidden
+            # state at token t - 1, which for the first token after a shared prefix is
+            # the prefix's last (shared) hidden state.
             for t in range(1, len(sequence.token_ids)):
                 if sequence.trained[t]:
-                    predict_at.append(offset + t - 1)
+                    predict_at.append(where[row][t - 1])
                     targets.append(sequence.token_ids[t])
                     rows.append(row)
                     columns.append(column)
@@ -109,6 +129,7 @@ class MicroBatch:
         return cls(
             input_ids=torch.tensor([ids], dtype=torch.long, device=device),
             position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+            attention_mask=attention_mask,
             predict_at=torch.tensor(predict_at, dtype=torch.long, device=device),
             targets=torch.tensor(targets, dtype=torch.long, device=device),
             layout=(layout[0].to(device), layout[1].to(device)),

@@ -5,16 +5,18 @@ parameters; `step` turns trajectory groups into advantages and token sequences, 
 micro-batches that fit the memory budget (or fails before anything runs), runs
 forward/backward over them, clips the gradient and takes one optimizer step; `save`
 writes the adapter and the optimizer state. The maths lives in `advantages.py` and
-`loss.py`, tokenization in `tokenize.py`, packing in `batching.py`, the chunked LM head
-in `logprobs.py`, memory estimates and measurement in `memory.py`.
+`loss.py`, tokenization in `tokenize.py`, packing in `batching.py`, shared prefixes
+(a group's prompt trained once for all its rollouts) in `shared_prefix.py`, the chunked
+LM head in `logprobs.py`, memory estimates and measurement in `memory.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -41,6 +43,7 @@ from .memory import (
     return_large_frees_to_the_os,
 )
 from .memory import budget as memory_budget
+from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
 from .tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 if TYPE_CHECKING:
@@ -132,10 +135,12 @@ class StepSync(Protocol):
 
 @dataclass(frozen=True)
 class _Batch:
-    """A planned micro-batch: indices into the step's sequences, and whether to checkpoint."""
+    """A planned micro-batch: indices into the step's sequences, and how it runs."""
 
     indices: list[int]
+    tokens: int  # what its forward computes: a prefix shared by several sequences once
     checkpointed: bool
+    shares_prefixes: bool  # laid out as a prefix tree (`shared_prefix.py`)
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ class PeftTrainer:
         dtype = causal_lm.dtype
         self._autocast_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
         self._chunk_rows = logits_chunk_rows(self._memory.vocab)
+        self._share_up_to = _prefix_sharing_limit(causal_lm)
         # The learning rate is set from `TrainConfig` on every step.
         self.optimizer = torch.optim.AdamW(
             self.parameters,
@@ -244,7 +250,9 @@ class PeftTrainer:
                 for planned in plan.batches:
                     self._checkpoint(planned.checkpointed)
                     chosen = [sequences[i] for i in planned.indices]
-                    batch = MicroBatch.of(chosen, advantages, self.device)
+                    batch = MicroBatch.of(
+                        chosen, advantages, self.device, share_prefixes=planned.shares_prefixes
+                    )
                     ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
                     flat, entropy = self._logprobs(batch)
                     result = grpo_loss(
@@ -295,6 +303,7 @@ class PeftTrainer:
                 "peak_memory_gb": peak.peak_gib(),
                 "estimated_memory_gb": plan.estimated_bytes / GIB,
                 "micro_batches": float(len(plan.batches)),
+                "forward_tokens": float(sum(b.tokens for b in plan.batches)),
                 "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
             }
         )
@@ -384,23 +393,75 @@ class PeftTrainer:
         if len(longest.token_ids) > capacity:
             raise TrainingError(self._too_long(longest, budget, checkpointed=forced is not False))
         lengths = [len(sequence.token_ids) for sequence in sequences]
-        bins = pack(
-            lengths,
-            min(capacity, PACKED_ROW_TOKENS),
-            dev_config.gradient_accumulation_sequences,
-        )
+        row = min(capacity, PACKED_ROW_TOKENS)
+        max_sequences = dev_config.gradient_accumulation_sequences
+        units = self._units(sequences, row, max_sequences)
+        # A unit of several sequences (a prefix tree) is a micro-batch of its own: two trees
+        # in one row would make each token's attention span both (see `row_cost`), for
+        # nothing. Lone sequences are packed together as before.
+        alone = [unit for unit in units if len(unit) == 1]
+        packed = pack([lengths[unit[0]] for unit in alone], row, max_sequences)
+        bins = [[unit] for unit in units if len(unit) > 1]
+        bins += [[alone[i] for i in bin_indices] for bin_indices in packed]
         batches: list[_Batch] = []
         estimated = 0
-        for indices in bins:
-            tokens = sum(lengths[i] for i in indices)
+        for bin_units in bins:
+            indices = [i for unit in bin_units for i in unit]
+            shares = self._may_share(sequences[i] for i in indices)
+            if shares:  # what the forward computes: each distinct prefix once
+                tokens = distinct_tokens([sequences[i].token_ids for i in indices])
+            else:
+                tokens = sum(lengths[i] for i in indices)
             # Each micro-batch on its own: a long one is checkpointed, a short one of the
             # same step keeps its activations and saves the recompute.
             checkpointed = (
                 forced if forced is not None else tokens > min(plain, CHECKPOINT_ABOVE_TOKENS)
             )
-            batches.append(_Batch(indices, checkpointed))
+            batches.append(_Batch(indices, tokens, checkpointed, shares))
             estimated = max(estimated, self._memory.step_bytes(tokens, checkpointed))
         return _Plan(batches=batches, estimated_bytes=budget.in_use + estimated)
+
+    def _units(
+        self, sequences: Sequence[TrainingSequence], row: int, max_sequences: int | None
+    ) -> list[list[int]]:
+        """The step's sequences in units that train together in one micro-batch.
+
+        A unit is sequences of one group that share a prefix (the group's prompt), trained
+        together so the prefix runs once: a sequence joins while that costs less than a
+        row of its own would (`worth_joining`) and the row stays within `row` distinct
+        tokens. A sequence longer than a row is a unit alone, as it was before prefixes
+        were shared: such micro-batches are the ones gradient checkpointing is for, and
+        their attention keeps the causal kernel of a lone sequence rather than a mask.
+        """
+        by_group: dict[int, list[int]] = {}
+        units: list[list[int]] = []
+        for i, sequence in enumerate(sequences):
+            if len(sequence.token_ids) < row and self._may_share([sequence]):
+                by_group.setdefault(sequence.group_index, []).append(i)
+            else:
+                units.append([i])
+        for members in by_group.values():
+            # In token order, sequences sharing the longest prefixes are neighbours.
+            members.sort(key=lambda i: sequences[i].token_ids)
+            trie, unit = PrefixTrie(), list[int]()
+            for i in members:
+                ids = sequences[i].token_ids
+                full = max_sequences is not None and len(unit) >= max_sequences
+                tokens, new = len(trie.token_ids), trie.new_tokens(ids)
+                if unit and (
+                    full or tokens + new > row or not worth_joining(tokens, new, len(ids))
+                ):
+                    units.append(unit)
+                    trie, unit = PrefixTrie(), []
+                trie.add(ids)
+                unit.append(i)
+            units.append(unit)
+        return units
+
+    def _may_share(self, sequences: Iterable[TrainingSequence]) -> bool:
+        """Whether these sequences may train as a prefix tree under this model's attention."""
+        limit = self._share_up_to
+        return limit is not None and all(len(s.token_ids) <= limit for s in sequences)
 
     def _too_long(self, sequence: TrainingSequence, budget: Budget, checkpointed: bool) -> str:
         length = len(sequence.token_ids)
@@ -433,7 +494,10 @@ class PeftTrainer:
             enabled=self._autocast_dtype is not None,
         ):
             hidden = self._decoder(
-                input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+                input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                use_cache=False,
             ).last_hidden_state[0]
             return sampled_logprobs(
                 hidden[batch.predict_at], batch.targets, self._head, self._chunk_rows
@@ -483,6 +547,27 @@ class PeftTrainer:
             # Enabling hooked the input embeddings to require grad, which disabling does not
             # undo for a PEFT-wrapped model; inference needs no grad.
             self._causal_lm.disable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+def _prefix_sharing_limit(model: PreTrainedModel) -> int | None:
+    """The longest sequence that may train in a prefix tree on `model`; None: none may.
+
+    A tree's attention is a 4D boolean mask, which transformers hands to the attention
+    function as it is: right for attention built on SDPA (transformers' `sdpa_mask` is
+    what its mask function makes), wrong for eager (which adds a float mask) and flash
+    attention (no 4D masks), which keep the packed layout. A given 4D mask also replaces
+    a sliding window or an attention chunk, so sequences longer than that keep it too.
+    """
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    config = model.config
+    if ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation) is not sdpa_mask:
+        return None
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    windows = [getattr(text, name, None) for name in ("sliding_window", "attention_chunk_size")]
+    bounded = [int(window) for window in windows if isinstance(window, int) and window > 0]
+    return min(bounded) if bounded else sys.maxsize
 
 
 def _checkpointing(model: PreTrainedModel) -> bool:

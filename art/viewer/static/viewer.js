@@ -34,6 +34,7 @@ const MEANINGS = {
   estimated_memory_gb: "what the trainer planned for that peak, GiB",
   micro_batches: "forward/backward passes of the step",
   checkpointed_micro_batches: "passes whose activations were recomputed in backward",
+  forward_tokens: "tokens the passes ran on, a shared prompt once",
   train_seconds: "wall time of the training call",
   rollout_seconds: "wall time since the previous step ended: this step's rollouts",
   ruler_score: "RULER's score",
