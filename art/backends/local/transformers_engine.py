@@ -306,12 +306,13 @@ class TransformersEngine:
         prompts: dict[Prompt, int] = {}
         source = [prompts.setdefault(tuple(row.request.prompt_ids), len(prompts)) for row in rows]
         distinct = list(prompts)
-        # A seeded request must repeat itself, so its prompt is prefilled whole: a prefix
-        # from the cache changes the rounding of the rest (attention split differently).
-        seeded = {source[i] for i, row in enumerate(rows) if row.request.params.seed is not None}
+        # A greedy or seeded request must repeat itself, so its prompt is prefilled whole:
+        # a prefix from the cache changes the rounding of the rest (attention split
+        # differently), which can flip a near-tie.
+        exact = {source[i] for i, row in enumerate(rows) if _repeatable(row.request.params)}
         groups: dict[Prompt, list[int]] = {}
         for i, prompt in enumerate(distinct):
-            shared = 0 if i in seeded else self._prefixes.prefix_of(prompt, distinct, adapter)
+            shared = 0 if i in exact else self._prefixes.prefix_of(prompt, distinct, adapter)
             groups.setdefault(prompt[:shared], []).append(i)
         order: list[int] = []
         batch: _Batch | None = None
@@ -529,6 +530,11 @@ class TransformersEngine:
             sample.finish_reason, row.done = "length", True
         if row.done:
             sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+
+
+def _repeatable(params: SamplingParams) -> bool:
+    """Whether a request's answer must be the same every time: greedy or seeded."""
+    return params.seed is not None or params.temperature == 0
 
 
 def _settle(
