@@ -39,8 +39,8 @@ from .memory import (
     Budget,
     PeakMemory,
     StepMemory,
+    large_frees_returned,
     logits_chunk_rows,
-    return_large_frees_to_the_os,
 )
 from .memory import budget as memory_budget
 from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
@@ -177,8 +177,6 @@ class PeftTrainer:
         if not self.parameters:
             raise TrainingError(f"adapter {self.adapter!r} has no trainable parameters")
         self.device = self.parameters[0].device
-        if self.device.type == "cpu":
-            return_large_frees_to_the_os()
         # The decoder and LM head are called apart, so the head can run in chunks on the
         # trained positions only; LoRA layers sit inside them, so the adapter still acts.
         causal_lm = cast("PreTrainedModel", model.get_base_model())
@@ -245,8 +243,9 @@ class PeftTrainer:
         progress = tqdm(
             total=len(plan.batches), desc=f"train {self.adapter}", unit="micro-batch", disable=None
         )
+        frees = large_frees_returned() if self.device.type == "cpu" else contextlib.nullcontext()
         try:
-            with self._own_rng():
+            with self._own_rng(), frees:
                 for planned in plan.batches:
                     self._checkpoint(planned.checkpointed)
                     chosen = [sequences[i] for i in planned.indices]
