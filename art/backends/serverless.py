@@ -212,7 +212,18 @@ class ServerlessBackend:
             "trajectory_groups": [group.model_dump(mode="json") for group in groups],
             "experimental_config": experimental_config(config, dev_config),
         }
-        job = await self._request("POST", "/preview/training-jobs", json=body, idempotent=False)
+        try:
+            job = await self._request("POST", "/preview/training-jobs", json=body, idempotent=False)
+        except BackendError as error:
+            if not isinstance(error.__cause__, httpx.TransportError):
+                raise  # the server answered: its error stands as it is
+            # The connection broke before the answer: the server may have started the job.
+            raise BackendError(
+                f"lost training job (its creation was not acknowledged) on {self.base_url}: "
+                f"{error}. The server may have started it, and completed steps are kept "
+                "there; once it is back, register the model again and check "
+                "`await model.get_step()` before training on"
+            ) from error
         return await self._follow(str(job["id"]), verbose)
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
