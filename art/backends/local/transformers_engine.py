@@ -328,12 +328,11 @@ class TransformersEngine:
         if index != list(range(len(batch.logits))):
             selected = torch.tensor(index, dtype=torch.long, device=device)
             batch.cache.batch_select_indices(selected)
-            batch = _Batch(
-                rows,
-                batch.cache,
-                batch.attention[selected],
-                batch.next_position[selected],
-                batch.logits[selected],
+            batch = replace(
+                batch,
+                attention=batch.attention[selected],
+                next_position=batch.next_position[selected],
+                logits=batch.logits[selected],
             )
         return replace(batch, rows=rows)
 
