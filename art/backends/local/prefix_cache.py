@@ -7,8 +7,9 @@ is most of a prompt (24 of the default model's ~39 template tokens for a one-lin
 message), so prefilling it once per request is most of the prefill work.
 
 A prefix is kept once two prompts seen are found to share it (at least `min_tokens`
-tokens, not the whole of either): the longest common prefix of a new prompt with the
-other prompts of its prefill and the last `remembered` prompts. Entries are per adapter
+tokens, not the whole of either, and `min_tokens` more than the longest cached prefix):
+the longest common prefix of a new prompt with the other prompts of its prefill and the
+last `remembered` prompts. Entries are per adapter
 and dropped whenever the weights change (`clear`); the least recently used goes first
 beyond `capacity`. The cached keys and values are those a prefill of the prefix alone
 computes, which is what a full-prompt prefill computes for those positions: attention
@@ -43,15 +44,22 @@ class PrefixCache:
 
     def prefix_of(self, prompt: Prompt, neighbours: Iterable[Prompt], adapter: str | None) -> int:
         """Tokens of `prompt` to take from the cache (or to prefill into it first): the
-        longest cached prefix, else the longest shared with a neighbour or a recent prompt;
-        0 where that is shorter than `min_tokens`. Always at least one token short of the
-        prompt, whose last position must run to give the next token's logits."""
+        longest prefix shared with a neighbour or a recent prompt where that extends the
+        longest cached prefix by at least `min_tokens`, else the cached one; 0 where that
+        is shorter than `min_tokens`. Always at least one token short of the prompt, whose
+        last position must run to give the next token's logits.
+
+        (A new entry costs a model call of its own: prompts of one template that go on to
+        share a word or two, "Write a", are not worth one.)
+        """
         cached = self.longest(adapter, prompt)
-        best = cached[0] if cached is not None else 0
+        cached_length = min(cached[0] if cached is not None else 0, len(prompt) - 1)
+        shared = 0
         for other in [*neighbours, *self._recent]:
             if other is not prompt:
-                best = max(best, _common_length(prompt, other))
-        best = min(best, len(prompt) - 1)
+                shared = max(shared, _common_length(prompt, other))
+        shared = min(shared, len(prompt) - 1)
+        best = shared if shared >= cached_length + self.min_tokens else cached_length
         return best if best >= self.min_tokens else 0
 
     def remember(self, prompt: Prompt) -> None:

@@ -14,6 +14,11 @@ called `agent`. It is served as `project/name` (the latest step) and
 returns, and also as plain `name` / `name@step` while no other project's model has that
 name; once one does, the plain name is refused with an error that lists the full names.
 
+Its torch work (loading, adding adapters, shared-mode training steps) runs on the
+process's torch thread, where the transformers engine decodes too (`torch_thread.py`
+says why one thread). A job there never takes this module's locks: callers hold those
+while they wait for it.
+
 Its methods take and return plain JSON-like values, so the same object can be called
 in this process or, through `art.backends.local.process`, in a child process.
 """
@@ -30,10 +35,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...core import dev
 from ...core.errors import ConfigError
@@ -47,11 +52,13 @@ from .config_support import check_supported, is_cpu_dedicated, mergeable
 from .engine import Engine, EngineName, choose_engine
 from .openai_server import Route, build_app
 from .placement import EngineSpec, Placement, Trainer, TrainerSpec
+from .torch_thread import shared as torch_thread
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
 _SERVING_PLACEHOLDER = "serving_copy"  # makes the serving copy a PeftModel; never selected
 
 logger = logging.getLogger("art.service")
+T = TypeVar("T")
 
 
 @dataclass
@@ -137,6 +144,7 @@ class ModelService:
         self._registry_lock = threading.RLock()
         self._server: Any = None
         self._base_url: str | None = None
+        self._torch = torch_thread()
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -178,8 +186,7 @@ class ModelService:
                     del base.checkpoints[adapter]
             for adapter in served:  # each waits for its in-flight requests
                 base.engine.unload_adapter(adapter)
-            with base.exclusive():
-                base.model.delete_adapter(trained.adapter)
+            self._exclusive(base, lambda: base.model.delete_adapter(trained.adapter))
 
     def forget_deleted_checkpoints(self, project: str, name: str) -> None:
         """Stop serving checkpoints of a model whose directories were deleted."""
@@ -198,6 +205,17 @@ class ModelService:
                 del base.checkpoints[adapter]
         for adapter in gone:
             base.engine.unload_adapter(adapter)
+
+    def _exclusive(self, base: _Base, work: Callable[[], T]) -> T:
+        """`work()` with sole use of `base`'s training model (`_Base.exclusive`): on the
+        torch thread in shared mode; on this thread in dedicated mode, where the torch
+        thread decodes from the serving copy meanwhile."""
+
+        def held() -> T:
+            with base.exclusive():
+                return work()
+
+        return held() if base.dedicated else self._torch.run(held)
 
     def close(self) -> None:
         if self._server is not None:
@@ -219,14 +237,15 @@ class ModelService:
 
             require_vllm_python()  # before minutes of loading: say how to install it
         resolved = models.resolve(record["base_model"])
-        base = self._load_base(resolved, config, engine_name)
+        base = self._torch.run(lambda: self._load_base(resolved, config, engine_name))
         store = ModelStore(self.path, record["project"], record["name"])
         step = store.step()
         start_from = (
             store.checkpoint_dir(step) if store.checkpoint_steps() else resolved.adapter_dir
         )
         adapter = _adapter_name(record["name"], next(self._adapter_ids))
-        with base.exclusive():
+
+        def add() -> _Trained:
             base.model = add_adapter(
                 base.model, adapter, config.peft_args, start_from, seed=config.trainer_args.seed
             )
@@ -257,6 +276,9 @@ class ModelService:
             )
             if not store.checkpoint_steps():
                 replace_dir_atomic(store.checkpoint_dir(0), trained.save)
+            return trained
+
+        trained = self._exclusive(base, add)
         if base.engine is None:
             base.engine = self._start_engine(base, resolved, config)
         if not base.engine.serves_training_weights:
@@ -294,15 +316,20 @@ class ModelService:
         from .transformers_engine import TransformersEngine
 
         if base.dedicated:
-            return self._start_serving_copy(base, resolved, config, stop_token_ids)
-        return TransformersEngine(
-            base.model,
-            base.tokenizer,
-            max_num_seqs=config.engine_args.max_num_seqs,
-            model_lock=base.lock,
-            select_adapter=base.select_adapter,
-            stop_token_ids=stop_token_ids,
-            merged=self._merged_copy(base.model, resolved, config),
+            return self._torch.run(
+                lambda: self._start_serving_copy(base, resolved, config, stop_token_ids)
+            )
+        return self._torch.run(
+            lambda: TransformersEngine(
+                base.model,
+                base.tokenizer,
+                max_num_seqs=config.engine_args.max_num_seqs,
+                model_lock=base.lock,
+                select_adapter=base.select_adapter,
+                stop_token_ids=stop_token_ids,
+                merged=self._merged_copy(base.model, resolved, config),
+                torch_thread=self._torch,
+            )
         )
 
     def _merged_copy(
@@ -336,9 +363,10 @@ class ModelService:
         """Dedicated mode on the CPU: an engine over a second copy of the base weights.
 
         The copy serves checkpoints loaded by name (as vLLM does), so the trainer's copy
-        can train while it decodes. torch's intra-op thread count is one per process, and
-        each thread that runs ops gets its own OpenMP team of that size: half the cores
-        each keeps the decode thread and the training thread from fighting over them.
+        can train while it decodes. Runs on the torch thread, which decodes; training runs
+        on the caller's thread. Each thread that runs ops gets its own OpenMP team, of the
+        size the last `set_num_threads` gave: half the cores each keeps the decode thread
+        and the training thread from fighting over them.
         """
         import torch
 
@@ -375,6 +403,7 @@ class ModelService:
             stop_token_ids=stop_token_ids,
             serves_training_weights=False,
             merged=self._merged_copy(serving, resolved, config),
+            torch_thread=self._torch,
         )
 
     def _load_base(
@@ -457,13 +486,17 @@ class ModelService:
         # Again here, for callers that reach the service without `model.train` (art serve).
         check_trainable(groups, allow_without_logprobs=objective.allow_training_without_logprobs)
         base = trained.base
-        with base.exclusive():
+
+        def train_step() -> tuple[dict[str, float], int]:
             base.model.set_adapter(trained.adapter)
             metrics: dict[str, float] = trained.trainer.step(
                 groups, train_config, objective, base.chat_template
             )
             step = trained.store.step() + 1
             replace_dir_atomic(trained.store.checkpoint_dir(step), trained.save)
+            return metrics, step
+
+        metrics, step = self._exclusive(base, train_step)
         assert base.engine is not None
         if not base.engine.serves_training_weights:
             self._publish(trained, step)  # served before the next rollouts

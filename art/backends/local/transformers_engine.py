@@ -1,11 +1,13 @@
 """The transformers inference engine: continuous batching with token ids and logprobs.
 
-A worker thread decodes every running sequence one token per step with a shared KV
-cache. Between steps it admits waiting requests for the same adapter (their prompts are
-prefilled as a batch and their cache rows joined to the running ones) and drops the
-rows that finished, so a stream of agent turns keeps the batch full instead of waiting
-for its slowest member. Requests for another adapter wait until the running batch
-drains; so does training (`paused()`).
+The decode loop runs as jobs on the process's torch thread (`torch_thread.py` says why
+one thread), in turn with the model service's loading and training. It decodes every
+running sequence one token per step with a shared KV cache. Between steps it admits
+waiting requests for the same adapter (their prompts are prefilled as a batch and their
+cache rows joined to the running ones) and drops the rows that finished, so a stream of
+agent turns keeps the batch full instead of waiting for its slowest member. Requests
+for another adapter wait until the running batch drains; so do training (`paused()`,
+`exclusive()`) and any other job queued on the torch thread.
 
 A decode loop of our own rather than `model.generate`, because each row needs its own
 sampling settings, seed, stop strings and streaming callback, rows join and leave
@@ -32,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +45,10 @@ from .lean_decode import LeanDecoder
 from .merged import MergedCopy
 from .prefix_cache import LayerKV, PrefixCache, Prompt
 from .structured import Grammars
+from .torch_thread import TorchThread, shared
 
 _MAX_WAIT_STEPS = 8
+T = TypeVar("T")
 
 
 @dataclass
@@ -92,8 +96,10 @@ class TransformersEngine:
     """Serves one transformers model (and its PEFT adapters) to concurrent requests.
 
     `model_lock` is held while a batch runs; whoever else changes the model (training,
-    loading adapters) takes it through `paused()`. `select_adapter(name)` makes `name`
-    (None: the base model) the active weights for the duration of a batch.
+    loading adapters) runs it through `exclusive()`, on the torch thread, or takes it
+    through `paused()` from another thread. `select_adapter(name)` makes `name` (None: the
+    base model) the active weights for the duration of a batch. Batches run on
+    `torch_thread` (default: the process's, `torch_thread.shared()`).
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class TransformersEngine:
         batch_window_s: float = 0.01,
         merged: MergedCopy | None = None,
         serves_training_weights: bool = True,
+        torch_thread: TorchThread | None = None,
     ) -> None:
         self.model = model
         self.merged = merged  # a plain copy to sample from, the served adapter merged in
@@ -122,18 +129,21 @@ class TransformersEngine:
         self.stop_token_ids = stop_token_ids
         self.batch_window_s = batch_window_s
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._queue: queue.Queue[_Request] = queue.Queue()
         self._held: list[_Request] = []  # taken from the queue, not yet admitted
         self._pausing = threading.Event()
+        self._paused_by: int | None = None  # the thread holding the pause
         self._closed = False
+        self.thread = torch_thread or shared()
+        self._schedule_lock = threading.Lock()
+        self._scheduled = False  # a decode job is queued or running
+        self._wanted = False  # something happened that the running job may not have seen
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._active_rows = 0
         self.grammars = Grammars(tokenizer, stop_token_ids)
         # False in dedicated mode: `model` is a serving copy that holds checkpoints loaded by
         # `load_adapter`, while the trainer updates its own copy.
         self.serves_training_weights = serves_training_weights
-        self._worker = threading.Thread(target=self._run, name="art-engine", daemon=True)
-        self._worker.start()
 
     async def generate(
         self,
@@ -149,8 +159,11 @@ class TransformersEngine:
         Cancelling the awaiting task abandons the request: its rows stop decoding at the
         next step.
         """
+        if self._closed:
+            raise RuntimeError("the inference engine was closed")
         future: concurrent.futures.Future[list[Sample]] = concurrent.futures.Future()
         self._queue.put(_Request(prompt_ids, params, n, adapter, on_token, future))
+        self._schedule()
         try:
             return await asyncio.wrap_future(future)
         finally:
@@ -163,75 +176,125 @@ class TransformersEngine:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Hold the model exclusively: running rows finish, new requests wait."""
+        """Hold the model exclusively: running rows finish, new requests wait.
+
+        From a thread other than the torch thread, the model's torch work then runs on
+        that thread; `exclusive()` runs it on the torch thread instead.
+        """
         self._pausing.set()
         try:
             with self.model_lock:
                 self._pausing.clear()
+                self._paused_by = threading.get_ident()
                 try:
                     yield
                 finally:  # whoever paused may have changed the weights
+                    self._paused_by = None
                     self._prefixes.clear()
                     if self.merged is not None:
                         self.merged.invalidate()
         finally:
             self._pausing.clear()
+            self._schedule()  # requests that waited for the pause
+
+    def exclusive(self, work: Callable[[], T]) -> T:
+        """`work()` with sole use of the model (see `paused`), on the torch thread; on
+        the caller's thread if it holds the pause already."""
+        if self._paused_by == threading.get_ident():
+            return work()
+
+        def paused_work() -> T:
+            with self.paused():
+                return work()
+
+        return self.thread.run(paused_work)
 
     def load_adapter(self, name: str, directory: Path) -> None:
         """Load a saved PEFT adapter beside the others, as `name`."""
-        with self.paused():
-            self.model.load_adapter(str(directory), adapter_name=name)
+        self.exclusive(lambda: self.model.load_adapter(str(directory), adapter_name=name))
 
     def unload_adapter(self, name: str) -> None:
-        with self.paused():  # rows sampling with it finish first
-            self.model.delete_adapter(name)
+        self.exclusive(lambda: self.model.delete_adapter(name))  # its rows finish first
 
     def close(self) -> None:
+        """Finish the running rows; fail the requests that wait."""
         self._closed = True
-        self._queue.put(None)
-        self._worker.join(timeout=30)
+        if not self.thread.is_current():
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                self.thread.submit(lambda: None).result(timeout=30)  # after our running job
+        self._take_queued(wait_s=None)
         for request in self._held:
             request.fail(RuntimeError("the inference engine was closed"))
         self._held.clear()
 
-    # --- the worker -------------------------------------------------------------------
+    # --- the decode jobs ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        while self._wait_for_requests():
-            adapter = self._held[0].adapter
-            admitted: list[_Request] = []
-            try:
-                with self.model_lock, self.select_adapter(adapter), torch.inference_mode():
-                    self._running_model = (
-                        self.merged.model_for(adapter) if self.merged is not None else self.model
-                    )
-                    batch: _Batch | None = None
-                    while True:
-                        new = self._admit(adapter, running=len(batch.rows) if batch else 0)
-                        admitted += new
-                        if new:
-                            batch = self._join(batch, self._prefill(new))
-                        if batch is None or not batch.rows:
-                            break
-                        batch = self._step(batch)
-                        self._active_rows = len(batch.rows)
-            except BaseException as error:  # delivered to the waiting callers, never lost
-                for request in admitted:
-                    request.fail(error)
-            finally:
-                self._active_rows = 0
+    def _schedule(self) -> None:
+        """Queue a decode job on the torch thread unless one is queued or running."""
+        with self._schedule_lock:
+            self._wanted = True
+            if self._scheduled or self._closed:
+                return
+            self._scheduled = True
+        self.thread.submit(self._serve)
 
-    def _wait_for_requests(self) -> bool:
-        """Block until a request is held; False once the engine is closed."""
-        while not self._held:
-            request = self._queue.get()
-            if request is None:
-                return False
-            self._held.append(request)
-            # Keep taking requests while they keep coming, so requests sent together (a
-            # gather of rollouts) are prefilled together.
-            self._take_queued(wait_s=self.batch_window_s)
-        return not self._closed
+    def _serve(self) -> None:
+        """A decode job: batches run while requests wait, until another job waits.
+
+        A pause held from another thread ends the job; the pause's end queues the next.
+        """
+        with self._schedule_lock:
+            self._wanted = False
+        blocked = False
+        try:
+            if self._closed:
+                return
+            before = len(self._held)
+            self._take_queued(wait_s=None)
+            if len(self._held) > before:
+                # Keep taking requests while they keep coming, so requests sent together
+                # (a gather of rollouts) are prefilled together.
+                self._take_queued(wait_s=self.batch_window_s)
+            while self._held and not self._closed and not self.thread.others_waiting:
+                if self._pausing.is_set() or not self.model_lock.acquire(blocking=False):
+                    blocked = True
+                    break
+                try:
+                    self._run_batch()
+                finally:
+                    self.model_lock.release()
+        finally:
+            with self._schedule_lock:
+                self._scheduled = False
+                again = self._wanted or (not blocked and bool(self._held))
+            if again:
+                self._schedule()
+
+    def _run_batch(self) -> None:
+        """Decode the first held request's adapter until its rows are done and no more
+        of its requests are admitted."""
+        adapter = self._held[0].adapter
+        admitted: list[_Request] = []
+        try:
+            with self.select_adapter(adapter), torch.inference_mode():
+                self._running_model = (
+                    self.merged.model_for(adapter) if self.merged is not None else self.model
+                )
+                batch: _Batch | None = None
+                while True:
+                    new = self._admit(adapter, running=len(batch.rows) if batch else 0)
+                    admitted += new
+                    if new:
+                        batch = self._join(batch, self._prefill(new))
+                    if batch is None or not batch.rows:
+                        break
+                    batch = self._step(batch)
+                    self._active_rows = len(batch.rows)
+        except BaseException as error:  # delivered to the waiting callers, never lost
+            for request in admitted:
+                request.fail(error)
+        finally:
+            self._active_rows = 0
 
     def _take_queued(self, wait_s: float | None) -> None:
         """Move queued requests to the held list, each waited for up to `wait_s` (None: no wait)."""
@@ -240,14 +303,11 @@ class TransformersEngine:
                 request = self._queue.get(timeout=wait_s) if wait_s else self._queue.get_nowait()
             except queue.Empty:
                 return
-            if request is None:
-                self._queue.put(None)  # seen again once the held requests are served
-                return
             self._held.append(request)
 
     def _admit(self, adapter: str | None, running: int) -> list[_Request]:
         self._take_queued(wait_s=None)
-        if self._pausing.is_set() or self._closed:
+        if self._pausing.is_set() or self._closed or self.thread.others_waiting:
             return []
         if running and any(request.adapter != adapter for request in self._held):
             return []  # drain, then serve the other adapter's requests

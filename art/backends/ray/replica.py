@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,16 +51,20 @@ class Replica:
             self.engine = self._vllm(resolved, config, dtype, context_length, stop_token_ids)
             self.model: Any = None
             return
+        from ..local.torch_thread import shared as torch_thread
         from ..local.transformers_engine import TransformersEngine
 
-        self.model, tokenizer = models.load(resolved, dtype, _device())
-        self.engine = TransformersEngine(
-            self.model,
-            tokenizer,
-            max_num_seqs=config.engine_args.max_num_seqs,
-            model_lock=self._lock,
-            select_adapter=self._select_adapter,
-            stop_token_ids=set(stop_token_ids),
+        # On the thread the engine decodes on: one OpenMP team per process (torch_thread.py).
+        self.model, tokenizer = torch_thread().run(lambda: models.load(resolved, dtype, _device()))
+        self.engine = torch_thread().run(
+            lambda: TransformersEngine(
+                self.model,
+                tokenizer,
+                max_num_seqs=config.engine_args.max_num_seqs,
+                model_lock=self._lock,
+                select_adapter=self._select_adapter,
+                stop_token_ids=set(stop_token_ids),
+            )
         )
 
     @staticmethod
@@ -125,19 +128,19 @@ class Replica:
     def _load_adapter(self, name: str, directory: str) -> None:
         if self.model is None or hasattr(self.model, "peft_config"):
             self.engine.load_adapter(name, Path(directory))
-        else:
-            with self._paused():  # the first adapter turns the base into a PeftModel
-                from peft import PeftModel
+        else:  # the first adapter turns the base into a PeftModel
+            from ..local.transformers_engine import TransformersEngine
 
-                self.model = PeftModel.from_pretrained(self.model, directory, adapter_name=name)
-                self.model.eval()
-                self.engine.model = self.model  # type: ignore[attr-defined]
+            assert isinstance(self.engine, TransformersEngine)
+            self.engine.exclusive(lambda: self._wrap_in_peft(name, directory))
         self._adapters.append(name)
 
-    @contextlib.contextmanager
-    def _paused(self) -> Iterator[None]:
-        with self.engine.paused():
-            yield
+    def _wrap_in_peft(self, name: str, directory: str) -> None:
+        from peft import PeftModel
+
+        self.model = PeftModel.from_pretrained(self.model, directory, adapter_name=name)
+        self.model.eval()
+        self.engine.model = self.model  # type: ignore[attr-defined]
 
     def status(self) -> dict[str, Any]:
         """What this replica has done: requests served, the recent ones (adapter, prompt
