@@ -8,6 +8,10 @@ the replica of the longest recorded prefix it extends. The prompt alone is not r
 the rollouts of one group share their first prompt and should spread over the replicas,
 then each stays on its own.
 
+A reply whose first token merges with the template text before it once re-rendered (a
+sampled leading newline after the template's own) leaves no recorded prefix that the
+next prompt extends: that turn is routed by load, like a new conversation.
+
 Prefixes are keyed by (length, polynomial hash); a bounded LRU keeps memory flat.
 """
 
