@@ -7,7 +7,7 @@ learn from the first step. Held-out questions are answered greedily before and a
 training, and a plot of reward per step is written beside the run. A second start
 resumes the run from its last checkpoint; `--fresh` deletes it and starts over.
 
-    python examples/demo.py [--steps 16] [--path .art] [--fresh] [--engine vllm]
+    python examples/demo.py [--steps 32] [--path .art] [--fresh] [--engine vllm]
 
 `--engine` (or `ART_ENGINE`) picks the inference engine: `transformers` (the CPU default)
 or `vllm` (vLLM from `.venv-vllm`: `ART_ENGINE=vllm make demo` builds it first).
@@ -160,7 +160,7 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--steps", type=int, default=16, help="training steps (8 questions x 8 rollouts each)"
+        "--steps", type=int, default=32, help="training steps (8 questions x 8 rollouts each)"
     )
     parser.add_argument("--path", default=".art", help="where the run is stored")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
