@@ -237,6 +237,8 @@ class ModelService:
 
             require_vllm_python()  # before minutes of loading: say how to install it
         resolved = models.resolve(record["base_model"])
+        if is_cpu_dedicated(config):
+            self._split_cores()
         base = self._torch.run(lambda: self._load_base(resolved, config, engine_name))
         store = ModelStore(self.path, record["project"], record["name"])
         step = store.step()
@@ -353,6 +355,24 @@ class ModelService:
         plain.requires_grad_(False)
         return MergedCopy(served, plain)
 
+    def _split_cores(self) -> None:
+        """Dedicated mode on the CPU: half the cores to the torch thread (decoding) and
+        half to this thread (training), set before either runs an op. Each thread that runs
+        ops gets its own OpenMP team, sized by `set_num_threads` when it first runs one."""
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 2) // 2)
+        torch.set_num_threads(threads)
+        self._torch.run(lambda: torch.set_num_threads(threads))
+        logger.info(
+            "dedicated mode on the CPU: %d cores, %d torch threads for decoding and %d for "
+            "training",
+            cores,
+            threads,
+            threads,
+        )
+
     def _start_serving_copy(
         self,
         base: _Base,
@@ -364,25 +384,11 @@ class ModelService:
 
         The copy serves checkpoints loaded by name (as vLLM does), so the trainer's copy
         can train while it decodes. Runs on the torch thread, which decodes; training runs
-        on the caller's thread. Each thread that runs ops gets its own OpenMP team, of the
-        size the last `set_num_threads` gave: half the cores each keeps the decode thread
-        and the training thread from fighting over them.
+        on the caller's thread (`_split_cores`).
         """
-        import torch
-
         from .trainer import add_adapter
         from .transformers_engine import TransformersEngine
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = max(1, (cores or 2) // 2)
-        torch.set_num_threads(threads)
-        logger.info(
-            "dedicated mode on the CPU: %d cores, %d torch threads for decoding and %d for "
-            "training",
-            cores,
-            threads,
-            threads,
-        )
         weights, _ = models.load(resolved, config.init_args.dtype, "cpu")
         serving: Any = add_adapter(weights, _SERVING_PLACEHOLDER, config.peft_args, seed=0)
         serving.eval()
