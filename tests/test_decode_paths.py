@@ -27,6 +27,7 @@ from art.backends.local import kv_cache, sampling
 from art.backends.local.engine import SamplingParams
 from art.backends.local.lean_decode import LeanDecoder
 from art.backends.local.merged import MergedCopy
+from art.backends.local.prefix_cache import PrefixCache
 from art.backends.local.trainer import add_adapter
 from art.backends.local.transformers_engine import TransformersEngine
 from art.core.dev import PeftArgs
@@ -332,3 +333,25 @@ def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None
         check_supported(
             art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(merge_lora=False)), "vllm"
         )
+
+
+def test_the_prefix_cache_is_bounded_by_entries_and_by_bytes() -> None:
+    """Least recently used entries go first past `capacity` entries or `max_bytes`; a
+    prefix larger than `max_bytes` alone is not kept; clearing frees every byte."""
+
+    def layers(tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.zeros(1, 2, tokens, 4), torch.zeros(1, 2, tokens, 4))] * 3  # 192 B/token
+
+    cache = PrefixCache(min_tokens=1, capacity=3, max_bytes=192 * 100)
+    for start in range(4):  # four 20-token prefixes: the capacity of 3 drops the first
+        cache.put(None, tuple(range(start, start + 20)), layers(20))
+    assert cache.longest(None, tuple(range(0, 20))) is None
+    assert cache.bytes == 3 * 192 * 20
+    cache.put(None, tuple(range(100, 160)), layers(60))  # 60 more tokens: over 100 in all
+    assert cache.bytes <= 192 * 100
+    assert cache.longest(None, tuple(range(100, 160))) is not None  # the newest stays
+    assert cache.longest(None, tuple(range(1, 21))) is None  # the oldest went first
+    cache.put(None, tuple(range(200, 301)), layers(101))  # alone over max_bytes: not kept
+    assert cache.longest(None, tuple(range(200, 301))) is None
+    cache.clear()
+    assert cache.bytes == 0

@@ -11,7 +11,9 @@ tokens, not the whole of either, and `min_tokens` more than the longest cached p
 the longest common prefix of a new prompt with the other prompts of its prefill and the
 last `remembered` prompts. Entries are per adapter
 and dropped whenever the weights change (`clear`); the least recently used goes first
-beyond `capacity`. The cached keys and values are those a prefill of the prefix alone
+beyond `capacity` entries or `max_bytes` of keys and values (an agent's conversation of
+4k tokens holds ~90 MB of the default model's), and a prefix larger than `max_bytes`
+alone is used for its prefill but not kept. The cached keys and values are those a prefill of the prefix alone
 computes, which is what a full-prompt prefill computes for those positions: attention
 is causal, so no position sees what follows it.
 """
@@ -31,9 +33,17 @@ Prompt = tuple[int, ...]
 class PrefixCache:
     """Shared prompt prefixes and their keys and values, per adapter."""
 
-    def __init__(self, min_tokens: int = 16, capacity: int = 16, remembered: int = 64) -> None:
+    def __init__(
+        self,
+        min_tokens: int = 16,
+        capacity: int = 16,
+        remembered: int = 64,
+        max_bytes: int = 256 << 20,
+    ) -> None:
         self.min_tokens = min_tokens
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0  # of the cached keys and values
         self._entries: OrderedDict[tuple[str | None, Prompt], list[LayerKV]] = OrderedDict()
         self._recent: deque[Prompt] = deque(maxlen=remembered)
         self.saved = 0  # prefill tokens not computed: taken from the cache or shared in a batch
@@ -41,6 +51,7 @@ class PrefixCache:
     def clear(self) -> None:
         """The weights changed: no cached prefix is valid any more."""
         self._entries.clear()
+        self.bytes = 0
 
     def prefix_of(self, prompt: Prompt, neighbours: Iterable[Prompt], adapter: str | None) -> int:
         """Tokens of `prompt` to take from the cache (or to prefill into it first): the
@@ -79,9 +90,18 @@ class PrefixCache:
         return len(best[0]), best[1]
 
     def put(self, adapter: str | None, prefix: Prompt, layers: list[LayerKV]) -> None:
+        size = _nbytes(layers)
+        if size > self.max_bytes or (adapter, prefix) in self._entries:
+            return
         self._entries[adapter, prefix] = layers
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self.bytes += size
+        while len(self._entries) > self.capacity or self.bytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= _nbytes(dropped)
+
+
+def _nbytes(layers: list[LayerKV]) -> int:
+    return sum(keys.nbytes + values.nbytes for keys, values in layers)
 
 
 def _common_length(a: Prompt, b: Prompt) -> int:
