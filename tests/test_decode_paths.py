@@ -355,3 +355,18 @@ def test_the_prefix_cache_is_bounded_by_entries_and_by_bytes() -> None:
     assert cache.longest(None, tuple(range(200, 301))) is None
     cache.clear()
     assert cache.bytes == 0
+
+
+def test_prefixes_a_few_tokens_apart_are_prefilled_from_their_common_prefix() -> None:
+    """One prefill call per distinct prefix costs more than a few tokens per prompt: prefixes
+    within `min_tokens` of their longest common prefix are prefilled from it; a prefix that
+    extends it further, or a common prefix shorter than `min_tokens`, is kept."""
+    cache = PrefixCache(min_tokens=16)
+    opening = tuple(range(24))
+    write, describe = (*opening, 100, 101, 102), (*opening, 200)
+    conversation = (*opening, *range(300, 340))  # 40 tokens past the opening
+    coarse = cache.coarsened([write, describe, conversation, ()])
+    assert coarse == {write: opening, describe: opening, conversation: conversation}
+    short = tuple(range(10))
+    apart = cache.coarsened([(*short, *range(50, 70)), (*short, *range(80, 100))])
+    assert all(prefix == target for prefix, target in apart.items())  # common < min_tokens

@@ -73,6 +73,28 @@ class PrefixCache:
         best = shared if shared >= cached_length + self.min_tokens else cached_length
         return best if best >= self.min_tokens else 0
 
+    def coarsened(self, prefixes: Iterable[Prompt]) -> dict[Prompt, Prompt]:
+        """Each non-empty prefix mapped to the prefix its prompts are prefilled from: the
+        prefixes' longest common prefix where they extend it by fewer than `min_tokens`
+        (and it has at least that many), else itself.
+
+        Each distinct prefix is a prefill call of its own, whose fixed cost (~15-35 ms for
+        the default model on 2 cores) outweighs a few more tokens per prompt: prompts of one
+        template that go on to share a word or two are prefilled in one call.
+        """
+        given = [prefix for prefix in dict.fromkeys(prefixes) if prefix]
+        if len(given) < 2:
+            return {prefix: prefix for prefix in given}
+        common = given[0]
+        for prefix in given[1:]:
+            common = common[: _common_length(common, prefix)]
+        if len(common) < self.min_tokens:
+            return {prefix: prefix for prefix in given}
+        return {
+            prefix: common if len(prefix) - len(common) < self.min_tokens else prefix
+            for prefix in given
+        }
+
     def remember(self, prompt: Prompt) -> None:
         """`prompt` was prefilled: later prompts may share a prefix with it."""
         self._recent.append(prompt)

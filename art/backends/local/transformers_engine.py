@@ -370,10 +370,14 @@ class TransformersEngine:
         # a prefix from the cache changes the rounding of the rest (attention split
         # differently), which can flip a near-tie.
         exact = {source[i] for i, row in enumerate(rows) if _repeatable(row.request.params)}
+        chosen = [
+            () if i in exact else prompt[: self._prefixes.prefix_of(prompt, distinct, adapter)]
+            for i, prompt in enumerate(distinct)
+        ]
+        coarse = self._prefixes.coarsened(chosen)
         groups: dict[Prompt, list[int]] = {}
-        for i, prompt in enumerate(distinct):
-            shared = 0 if i in exact else self._prefixes.prefix_of(prompt, distinct, adapter)
-            groups.setdefault(prompt[:shared], []).append(i)
+        for i, prefix in enumerate(chosen):
+            groups.setdefault(coarse.get(prefix, prefix), []).append(i)
         order: list[int] = []
         batch: _Batch | None = None
         for prefix, members in groups.items():
