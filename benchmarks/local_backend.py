@@ -4,6 +4,8 @@
    OpenAI-compatible endpoint (`model.openai_client()`), with 1 request at a time and
    with `--concurrency` requests in a closed loop, against Hugging Face `model.generate`
    on the same weights and dtype, one sequence at a time and as one left-padded batch.
+   Ours and the peer take turns (`--rounds`), so drift in the machine's speed during the
+   run weighs on both alike.
 2. GRPO step time: wall seconds per step of the same work, P prompts x G generations of
    `examples/demo.py`'s arithmetic task, LoRA r=8 on art's default target modules:
    `art.gather_trajectory_groups` + `model.train` against TRL's `GRPOTrainer`. The reward
@@ -105,8 +107,9 @@ class BenchArgs:
     # --- rollout throughput ---
     concurrency: int = 32  # concurrent requests of the closed loop, and the peer's batch size
     max_tokens: int = 64  # completion tokens per request (fewer where the model stops)
-    seconds: float = 30.0  # measured wall time of each throughput measurement
-    warmup_seconds: float = 5.0  # unmeasured time before each throughput measurement
+    seconds: float = 30.0  # measured wall time of each throughput measurement, all rounds
+    warmup_seconds: float = 5.0  # unmeasured time before each round of a measurement
+    rounds: int = 3  # ours and the peer take turns, each measured `seconds / rounds` a turn
     serve_base: bool = False  # request the base model (adapter off), not the trainable one
     # --- GRPO step ---
     prompts: int = 8  # P: arithmetic questions per step (the same ones every step)
@@ -122,7 +125,7 @@ class BenchArgs:
 # neither trainer skips (ours) or trains at zero advantage (TRL) any of them.
 TIE_BREAK = 1e-3
 
-QUICK = BenchArgs(max_tokens=32, seconds=4.0, warmup_seconds=1.0, prompts=2, steps=1)
+QUICK = BenchArgs(max_tokens=32, seconds=4.0, warmup_seconds=1.0, rounds=1, prompts=2, steps=1)
 
 
 # --- results ------------------------------------------------------------------------------
@@ -314,29 +317,49 @@ def generate_peer_inputs(args: BenchArgs) -> tuple[Any, Any, list[list[int]]]:
     return hf_model, tokenizer, prompt_ids
 
 
+def _combined(rounds: list[Throughput]) -> Throughput:
+    """One measurement of equal-length rounds: tokens/s and tokens/request averaged, the
+    largest peak RSS."""
+    requests = sum(r.requests for r in rounds)
+    return Throughput(
+        statistics.fmean(r.tokens_per_s for r in rounds),
+        requests,
+        sum(r.mean_tokens * r.requests for r in rounds) / max(requests, 1),
+        max(r.peak_rss_gib for r in rounds),
+    )
+
+
 async def rollout_part(
     model: art.TrainableModel, args: BenchArgs, service_pid: int
 ) -> dict[str, Throughput]:
+    """Ours and the peer take turns, `args.rounds` rounds of each measurement, so a
+    machine that speeds up or slows down during the run (a shared VM does) weighs on both
+    sides alike."""
     c = args.concurrency
-    print("rollout throughput: ours @1 ...", flush=True)
-    results = {"ours@1": await ours_throughput(model, args, 1)}
-    print(f"rollout throughput: ours @{c} ...", flush=True)
-    reset_peak_rss(service_pid)
-    results[f"ours@{c}"] = replace(
-        await ours_throughput(model, args, c), peak_rss_gib=peak_rss_gib(service_pid)
-    )
-
+    turn = replace(args, seconds=args.seconds / args.rounds)
     hf_model, tokenizer, prompt_ids = generate_peer_inputs(args)
     torch.manual_seed(args.seed)
-    print("rollout throughput: HF generate @1 ...", flush=True)
-    results["generate@1"] = generate_throughput(hf_model, tokenizer, prompt_ids, args, 1)
-    print(f"rollout throughput: HF generate batch @{c} ...", flush=True)
-    reset_peak_rss(os.getpid())
-    results[f"generate-batch@{c}"] = replace(
-        generate_throughput(hf_model, tokenizer, prompt_ids, args, c),
-        peak_rss_gib=peak_rss_gib(os.getpid()),
-    )
-    return results
+    rounds: dict[str, list[Throughput]] = {}
+    for index in range(args.rounds):
+        print(f"rollout throughput, round {index + 1}/{args.rounds}: ours @1 ...", flush=True)
+        rounds.setdefault("ours@1", []).append(await ours_throughput(model, turn, 1))
+        print("  HF generate @1 ...", flush=True)
+        rounds.setdefault("generate@1", []).append(
+            generate_throughput(hf_model, tokenizer, prompt_ids, turn, 1)
+        )
+        print(f"  ours @{c} ...", flush=True)
+        reset_peak_rss(service_pid)
+        ours = await ours_throughput(model, turn, c)
+        rounds.setdefault(f"ours@{c}", []).append(
+            replace(ours, peak_rss_gib=peak_rss_gib(service_pid))
+        )
+        print(f"  HF generate batch @{c} ...", flush=True)
+        reset_peak_rss(os.getpid())
+        peer = generate_throughput(hf_model, tokenizer, prompt_ids, turn, c)
+        rounds.setdefault(f"generate-batch@{c}", []).append(
+            replace(peer, peak_rss_gib=peak_rss_gib(os.getpid()))
+        )
+    return {name: _combined(measured) for name, measured in rounds.items()}
 
 
 # --- GRPO step ---------------------------------------------------------------------------------
@@ -573,7 +596,8 @@ def report(
         print()
         print(
             f"rollout throughput: completion tokens/s, temperature 1.0, max_tokens "
-            f"{args.max_tokens}, {args.seconds:g}s measured after {args.warmup_seconds:g}s warmup"
+            f"{args.max_tokens}, {args.seconds:g}s measured in {args.rounds} rounds taken in turn "
+            f"with the peer, each after {args.warmup_seconds:g}s warmup"
         )
         served = "base model, adapter off" if args.serve_base else "trainable model, LoRA on"
         print(f"  ours serves the {served}; the peer runs the base model")
@@ -681,6 +705,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchArgs:
         "max_tokens": int,
         "seconds": float,
         "warmup_seconds": float,
+        "rounds": int,
         "prompts": int,
         "generations": int,
         "max_completion_tokens": int,
