@@ -721,6 +721,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchArgs:
             help=f"default {getattr(defaults, name)} ({getattr(QUICK, name)} with --quick)",
         )
     parsed = parser.parse_args(argv)
+    if parsed.rounds is not None and parsed.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {parsed.rounds}")
     args = QUICK if parsed.quick else defaults
     given = {name: getattr(parsed, name) for name in options if getattr(parsed, name) is not None}
     if parsed.parts:
