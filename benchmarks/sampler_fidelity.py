@@ -33,10 +33,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from art.backends.local import models
-from art.backends.local.engine import SamplingParams
-from art.backends.local.merged import MergedCopy
-from art.backends.local.trainer import add_adapter
-from art.backends.local.transformers_engine import TransformersEngine
+from art.backends.local.engines.base import SamplingParams
+from art.backends.local.engines.transformers.engine import TransformersEngine
+from art.backends.local.engines.transformers.merged import MergedCopy
+from art.backends.local.trainer.peft_trainer import add_adapter
 from art.core.dev import PeftArgs
 
 QUESTIONS = [

@@ -29,11 +29,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, tool_template_for
-from art.backends.local.engine import SamplingParams
-from art.backends.local.service import _stop_token_ids  # the engine's own stop rule
-from art.backends.local.structured import Grammars
-from art.backends.local.transformers_engine import TransformersEngine
+from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.engines.base import SamplingParams
+from art.backends.local.engines.structured import Grammars
+from art.backends.local.engines.transformers.engine import TransformersEngine
+from art.backends.local.service.model_service import _stop_token_ids  # the engine's own stop rule
 
 # The shape of a RULER judgement: one object per trajectory, ids, explanations, scores.
 SCHEMA = {

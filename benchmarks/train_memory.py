@@ -214,7 +214,7 @@ def trl_child(trajectories: int, completion_tokens: int) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from art.backends.local.trainer import lora_config
+    from art.backends.local.trainer.peft_trainer import lora_config
     from art.core.dev import PeftArgs
 
     tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))

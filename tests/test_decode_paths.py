@@ -24,12 +24,12 @@ import pytest
 import torch
 
 from art.backends.local import kv_cache, sampling
-from art.backends.local.engine import SamplingParams
-from art.backends.local.lean_decode import LeanDecoder
-from art.backends.local.merged import MergedCopy
-from art.backends.local.prefix_cache import PrefixCache
-from art.backends.local.trainer import add_adapter
-from art.backends.local.transformers_engine import TransformersEngine
+from art.backends.local.engines.base import SamplingParams
+from art.backends.local.engines.transformers.engine import TransformersEngine
+from art.backends.local.engines.transformers.lean_decode import LeanDecoder
+from art.backends.local.engines.transformers.merged import MergedCopy
+from art.backends.local.engines.transformers.prefix_cache import PrefixCache
+from art.backends.local.trainer.peft_trainer import add_adapter
 from art.core.dev import PeftArgs
 
 DRAWS = 40_000
@@ -320,7 +320,7 @@ def test_lean_decode_shares_the_models_weights() -> None:
 @pytest.mark.parametrize("targets", [("q_proj", "lm_head")])
 def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None:
     import art
-    from art.backends.local.config_support import check_supported
+    from art.backends.local.service.config_support import check_supported
     from art.core.errors import ConfigError
 
     config = art.dev.InternalModelConfig(

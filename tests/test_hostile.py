@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 import art
-from art.backends.local.transformers_engine import TransformersEngine
+from art.backends.local.engines.transformers.engine import TransformersEngine
 from art.core.storage import ModelStore
 from art.local import LocalBackend
 
@@ -60,7 +60,7 @@ async def served(backend: LocalBackend) -> art.TrainableModel:
 
 @pytest.fixture
 def engine(backend: LocalBackend, served: art.TrainableModel) -> TransformersEngine:
-    from art.backends.local.service import ModelService
+    from art.backends.local.service.model_service import ModelService
 
     service = backend._model_service()
     assert isinstance(service, ModelService)
@@ -177,8 +177,8 @@ async def test_a_request_whose_callback_raises_or_whose_seed_torch_refuses_fails
     backend: LocalBackend, served: art.TrainableModel, engine: TransformersEngine
 ) -> None:
     """Straight at the engine, past the endpoint's checks: the neighbours still finish."""
-    from art.backends.local.engine import SamplingParams
-    from art.backends.local.service import ModelService
+    from art.backends.local.engines.base import SamplingParams
+    from art.backends.local.service.model_service import ModelService
 
     service = backend._model_service()
     assert isinstance(service, ModelService)

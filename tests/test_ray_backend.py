@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import art
 from art.backends.local import models
-from art.backends.local.placement import TrainerSpec
+from art.backends.local.service.placement import TrainerSpec
 from art.backends.ray import RayBackend, RayConfig
 from art.backends.ray.sticky import StickyTable
 from art.core.storage import ModelStore

@@ -9,7 +9,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.tokenize import TrainingSequence, tokenize_trajectory, truncate
+from art.backends.local.trainer.tokenize import TrainingSequence, tokenize_trajectory, truncate
 from art.core.errors import TrainingError
 
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from art.backends.local.engine import Sample, SamplingParams
-from art.backends.local.openai_request import ChatCompletionRequest
-from art.backends.local.openai_response import Job, Route, _choice
+from art.backends.local.endpoint.request import ChatCompletionRequest
+from art.backends.local.endpoint.response import Job, Route, _choice
+from art.backends.local.engines.base import Sample, SamplingParams
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from art.backends.local import torch_thread
-from art.backends.local.engine import SamplingParams
-from art.backends.local.transformers_engine import TransformersEngine
+from art.backends.local.engines.base import SamplingParams
+from art.backends.local.engines.transformers.engine import TransformersEngine
 
 
 def _engine(model: Any, tokenizer: Any) -> TransformersEngine:

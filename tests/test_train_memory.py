@@ -13,12 +13,12 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.batching import MicroBatch, pack
-from art.backends.local.chat_format import render_prompt, tool_template_for
-from art.backends.local.logprobs import output_head, sampled_logprobs
-from art.backends.local.memory import GIB, StepMemory
-from art.backends.local.tokenize import tokenize_trajectory
-from art.backends.local.trainer import PeftTrainer, create_peft_model
+from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.trainer.batching import MicroBatch, pack
+from art.backends.local.trainer.logprobs import output_head, sampled_logprobs
+from art.backends.local.trainer.memory import GIB, StepMemory
+from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
+from art.backends.local.trainer.tokenize import tokenize_trajectory
 from art.core.errors import TrainingError
 from art.local import LocalBackend
 

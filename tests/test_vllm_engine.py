@@ -24,7 +24,7 @@ import torch
 from openai import APIStatusError, AsyncOpenAI
 
 import art
-from art.backends.local.vllm_server import INSTALL_HINT, find_vllm_python
+from art.backends.local.engines.vllm.server import INSTALL_HINT, find_vllm_python
 from art.core.storage import ModelStore
 from art.local import LocalBackend
 

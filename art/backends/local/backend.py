@@ -16,9 +16,9 @@ from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 
 if TYPE_CHECKING:
-    from .placement import Placement
     from .process import ServiceProcess
-    from .service import ModelService
+    from .service.model_service import ModelService
+    from .service.placement import Placement
 
 
 class LocalBackend:
@@ -60,7 +60,7 @@ class LocalBackend:
     def _model_service(self) -> ModelService | ServiceProcess:
         if self._service is None:
             if self.in_process:
-                from .service import ModelService
+                from .service.model_service import ModelService
 
                 placement = self._placement() if self._placement is not None else None
                 self._service = ModelService(self.path, placement)

@@ -36,7 +36,7 @@ from ...core.errors import BackendError
 
 
 def _child_main(connection: Connection, path: str) -> None:
-    from .service import ModelService
+    from .service.model_service import ModelService
 
     service = ModelService(path)
     while True:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.errors import BackendError, ConfigError
-from ..local.engine import choose_engine
-from ..local.placement import EngineSpec, TrainerSpec
-from ..local.structured import Grammars
+from ..local.engines.base import choose_engine
+from ..local.engines.structured import Grammars
+from ..local.service.placement import EngineSpec, TrainerSpec
 from .config import RayConfig
 from .replica import Replica
 from .router import ReplicaRouter

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...core import dev
 from ..local import models
-from ..local.engine import Engine, EngineName, Sample, SamplingParams
+from ..local.engines.base import Engine, EngineName, Sample, SamplingParams
 
 _REMEMBERED_PROMPTS = 256
 
@@ -51,8 +51,8 @@ class Replica:
             self.engine = self._vllm(resolved, config, dtype, context_length, stop_token_ids)
             self.model: Any = None
             return
+        from ..local.engines.transformers.engine import TransformersEngine
         from ..local.torch_thread import shared as torch_thread
-        from ..local.transformers_engine import TransformersEngine
 
         # On the thread the engine decodes on: one OpenMP team per process (torch_thread.py).
         self.model, tokenizer = torch_thread().run(lambda: models.load(resolved, dtype, _device()))
@@ -79,7 +79,7 @@ class Replica:
 
         from transformers import AutoTokenizer
 
-        from ..local.vllm_engine import start_vllm_engine
+        from ..local.engines.vllm.engine import start_vllm_engine
 
         tokenizer = AutoTokenizer.from_pretrained(resolved.weights)
         return start_vllm_engine(
@@ -129,7 +129,7 @@ class Replica:
         if self.model is None or hasattr(self.model, "peft_config"):
             self.engine.load_adapter(name, Path(directory))
         else:  # the first adapter turns the base into a PeftModel
-            from ..local.transformers_engine import TransformersEngine
+            from ..local.engines.transformers.engine import TransformersEngine
 
             assert isinstance(self.engine, TransformersEngine)
             self.engine.exclusive(lambda: self._wrap_in_peft(name, directory))

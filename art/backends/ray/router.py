@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..local.engine import EngineUnavailable, OnToken, Sample, SamplingParams
-from ..local.structured import Grammars
+from ..local.engines.base import EngineUnavailable, OnToken, Sample, SamplingParams
+from ..local.engines.structured import Grammars
 from .sticky import StickyTable
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from ...core.errors import TrainingError
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from ..local import models
-from ..local.placement import TrainerSpec
+from ..local.service.placement import TrainerSpec
 
 _COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -46,7 +46,7 @@ class TrainerWorker:
     ) -> None:
         import torch
 
-        from ..local.trainer import PeftTrainer, add_adapter
+        from ..local.trainer.peft_trainer import PeftTrainer, add_adapter
 
         self.rank = rank
         self.world_size = world_size

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...core.errors import ArtValueError
-from ..local.openai_server import ApiError
+from ..local.endpoint.server import ApiError
 from .access import log_rejected
 
 

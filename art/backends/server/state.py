@@ -18,9 +18,9 @@ from ...core.errors import ArtValueError, ConfigError
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
 from ...core.validation import check_trainable, coerce_groups
-from ..local.openai_server import ApiError
-from ..local.placement import Placement
-from ..local.service import ModelService
+from ..local.endpoint.server import ApiError
+from ..local.service.model_service import ModelService
+from ..local.service.placement import Placement
 from .access import current
 from .errors import json_path
 from .jobs import TrainingJob

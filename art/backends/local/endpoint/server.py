@@ -25,9 +25,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engines.base import EngineUnavailable, Sample, SamplingParams
+from ..engines.structured import Grammar, GrammarError, Grammars
 from .chat_format import render_prompt
-from .engine import EngineUnavailable, Sample, SamplingParams
-from .openai_request import (
+from .request import (
     BODY_BYTES_PER_TOKEN,
     MIN_BODY_BYTES,
     ApiError,
@@ -37,8 +38,7 @@ from .openai_request import (
     read_body,
     validation_error,
 )
-from .openai_response import Job, Route, completion, stream
-from .structured import Grammar, GrammarError, Grammars
+from .response import Job, Route, completion, stream
 
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
 

@@ -39,13 +39,13 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from ...torch_thread import TorchThread, shared
+from ..base import OnToken, Sample, SamplingParams, text_until_stop
+from ..structured import Grammars
 from . import kv_cache, sampling
-from .engine import OnToken, Sample, SamplingParams, text_until_stop
 from .lean_decode import LeanDecoder
 from .merged import MergedCopy
 from .prefix_cache import LayerKV, PrefixCache, Prompt
-from .structured import Grammars
-from .torch_thread import TorchThread, shared
 
 _MAX_WAIT_STEPS = 8
 T = TypeVar("T")

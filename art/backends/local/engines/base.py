@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ...core import dev
+from ....core import dev
 from .structured import Grammar, Grammars
 
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
@@ -108,7 +108,7 @@ def choose_engine(config: dev.InternalModelConfig) -> EngineName:
     """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here."""
     if config.engine is not None:
         return config.engine
-    from .vllm_server import find_vllm_python
+    from .vllm.server import find_vllm_python
 
     if find_vllm_python() is None:
         return "transformers"

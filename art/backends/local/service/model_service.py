@@ -40,19 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...core import dev
-from ...core.errors import ConfigError
-from ...core.storage import ModelStore, replace_dir_atomic
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainConfig
-from ...core.validation import check_trainable
-from . import models
-from .chat_format import tool_template_for
+from ....core import dev
+from ....core.errors import ConfigError
+from ....core.storage import ModelStore, replace_dir_atomic
+from ....core.trajectories import TrajectoryGroup
+from ....core.types import TrainConfig
+from ....core.validation import check_trainable
+from .. import models
+from ..endpoint.chat_format import tool_template_for
+from ..endpoint.server import Route, build_app
+from ..engines.base import Engine, EngineName, choose_engine
+from ..torch_thread import shared as torch_thread
 from .config_support import check_supported, is_cpu_dedicated, mergeable
-from .engine import Engine, EngineName, choose_engine
-from .openai_server import Route, build_app
 from .placement import EngineSpec, Placement, Trainer, TrainerSpec
-from .torch_thread import shared as torch_thread
 
 _SERVED_CHECKPOINTS = 4  # older checkpoints kept loaded for `name@step` requests
 _SERVING_PLACEHOLDER = "serving_copy"  # makes the serving copy a PeftModel; never selected
@@ -227,13 +227,13 @@ class ModelService:
             self.placement.close()
 
     def _load_trained(self, record: dict[str, Any]) -> _Trained:
-        from .trainer import PeftTrainer, add_adapter
+        from ..trainer.peft_trainer import PeftTrainer, add_adapter
 
         config = dev.InternalModelConfig(**(record.get("internal_config") or {}))
         engine_name = choose_engine(config)
         check_supported(config, engine_name)
         if engine_name == "vllm":
-            from .vllm_server import require_vllm_python
+            from ..engines.vllm.server import require_vllm_python
 
             require_vllm_python()  # before minutes of loading: say how to install it
         resolved = models.resolve(record["base_model"])
@@ -303,7 +303,7 @@ class ModelService:
                 )
             )
         if base.engine_name == "vllm":
-            from .vllm_engine import start_vllm_engine
+            from ..engines.vllm.engine import start_vllm_engine
 
             return start_vllm_engine(
                 resolved,
@@ -315,7 +315,7 @@ class ModelService:
                 log_path=Path(self.path) / "logs" / f"vllm-{len(self._bases)}.log",
                 max_loras=_SERVED_CHECKPOINTS + 1,  # one more is loaded before the oldest goes
             )
-        from .transformers_engine import TransformersEngine
+        from ..engines.transformers.engine import TransformersEngine
 
         if base.dedicated:
             return self._torch.run(
@@ -338,8 +338,8 @@ class ModelService:
         self, served: Any, resolved: models.ResolvedModel, config: dev.InternalModelConfig
     ) -> Any:
         """A plain copy to sample `served`'s adapters from (`EngineArgs.merge_lora`), or None."""
-        from .memory import budget
-        from .merged import MergedCopy
+        from ..engines.transformers.merged import MergedCopy
+        from ..trainer.memory import budget
 
         device = _training_device(config)
         wanted = config.engine_args.merge_lora
@@ -386,8 +386,8 @@ class ModelService:
         can train while it decodes. Runs on the torch thread, which decodes; training runs
         on the caller's thread (`_split_cores`).
         """
-        from .trainer import add_adapter
-        from .transformers_engine import TransformersEngine
+        from ..engines.transformers.engine import TransformersEngine
+        from ..trainer.peft_trainer import add_adapter
 
         weights, _ = models.load(resolved, config.init_args.dtype, "cpu")
         serving: Any = add_adapter(weights, _SERVING_PLACEHOLDER, config.peft_args, seed=0)

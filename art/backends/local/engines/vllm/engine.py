@@ -30,12 +30,12 @@ from typing import Any
 
 import httpx
 
-from ...core import dev
-from ...core.errors import ConfigError
-from .engine import EngineUnavailable, OnToken, Sample, SamplingParams, text_until_stop
-from .models import ResolvedModel
-from .structured import Grammars
-from .vllm_server import ServerArgs, VLLMServer, require_vllm_python
+from .....core import dev
+from .....core.errors import ConfigError
+from ...models import ResolvedModel
+from ..base import EngineUnavailable, OnToken, Sample, SamplingParams, text_until_stop
+from ..structured import Grammars
+from .server import ServerArgs, VLLMServer, require_vllm_python
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)  # a long completion may take minutes
 

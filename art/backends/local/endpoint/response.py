@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines.base import Engine, Sample, SamplingParams
 from .chat_format import parse_tool_calls
-from .engine import Engine, Sample, SamplingParams
-from .openai_request import ChatCompletionRequest
+from .request import ChatCompletionRequest
 
 logger = logging.getLogger("art.endpoint")
 

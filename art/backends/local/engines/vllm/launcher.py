@@ -8,7 +8,7 @@ leads its own process group, in which vLLM starts its engine and worker processe
 holds its stdin: the parent keeps the other end open for as long as it lives. When the
 parent exits, even by SIGKILL, stdin reaches end of file and the whole group is ended.
 
-    python -P vllm_launcher.py <vLLM server arguments>
+    python -P launcher.py <vLLM server arguments>
 """
 
 import os

@@ -19,9 +19,9 @@ Per engine:
 
 from __future__ import annotations
 
-from ...core import dev
-from ...core.errors import ConfigError
-from .engine import EngineName
+from ....core import dev
+from ....core.errors import ConfigError
+from ..engines.base import EngineName
 
 
 def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:

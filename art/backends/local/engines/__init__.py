@@ -1,0 +1,11 @@
+"""Inference engines: token ids and sampling settings in, sampled ids and logprobs out.
+
+- `base.py`: the `Engine` protocol, everything the model service and the Ray replica
+  may call, and the values it takes and returns.
+- `structured.py`: grammars (JSON schemas, tool calls) that constrain sampling.
+- `transformers/`: our continuous-batching decode loop on any torch device.
+- `vllm/`: vLLM's server in a child process from its own environment.
+
+`start.py` is the one place that names an engine kind: it picks one for a config and
+starts it. Nothing else asks which engine it has.
+"""
