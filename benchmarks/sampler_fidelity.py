@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +53,6 @@ def engine_samples(
         model,
         tokenizer,
         max_num_seqs=64,
-        model_lock=threading.Lock(),
-        select_adapter=lambda _: contextlib.nullcontext(),
         stop_token_ids=set(),
         merged=merged,
     )

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -117,8 +115,6 @@ async def main(args: argparse.Namespace) -> None:
         model,
         tokenizer,
         max_num_seqs=max(32, args.rows),
-        model_lock=threading.Lock(),
-        select_adapter=lambda _: contextlib.nullcontext(),
         stop_token_ids=_stop_token_ids(model, tokenizer),
     )
     grammars = engine.grammars

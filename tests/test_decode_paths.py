@@ -15,9 +15,7 @@ fp32 throughout, so the comparisons can be tight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import threading
 from typing import Any
 
 import pytest
@@ -89,8 +87,6 @@ def _engine(model: Any, tokenizer: Any, merged: MergedCopy | None = None) -> Tra
         model,
         tokenizer,
         max_num_seqs=16,
-        model_lock=threading.Lock(),
-        select_adapter=lambda _: contextlib.nullcontext(),
         stop_token_ids=set(),
         merged=merged,
     )
@@ -320,7 +316,7 @@ def test_lean_decode_shares_the_models_weights() -> None:
 @pytest.mark.parametrize("targets", [("q_proj", "lm_head")])
 def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None:
     import art
-    from art.backends.local.service.config_support import check_supported
+    from art.backends.local.engines.config_support import check_supported
     from art.core.errors import ConfigError
 
     config = art.dev.InternalModelConfig(

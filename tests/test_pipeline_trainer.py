@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 import art
-from art.backends.local.service.config_support import check_supported
+from art.backends.local.engines.config_support import check_supported
 from art.local import LocalBackend
 from art.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from typing import Any
@@ -29,8 +28,6 @@ def _engine(model: Any, tokenizer: Any) -> TransformersEngine:
         model,
         tokenizer,
         max_num_seqs=8,
-        model_lock=threading.Lock(),
-        select_adapter=lambda _: contextlib.nullcontext(),
         stop_token_ids=set(),  # every request runs to max_tokens
     )
 

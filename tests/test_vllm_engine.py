@@ -363,7 +363,7 @@ async def test_vllm_sleeps_while_a_step_trains_on_a_shared_gpu(tmp_path: Path) -
         service: Any = backend._service
         (base,) = service._bases.values()
         assert base.engine.sleep_while_training
-        with base.exclusive():
+        with base.engine.training():
             free_while_asleep, _ = torch.cuda.mem_get_info()
         free_awake, _ = torch.cuda.mem_get_info()
         assert free_while_asleep > free_awake  # its weights and KV cache left the GPU
@@ -391,6 +391,10 @@ async def test_dedicated_mode_keeps_vllm_awake_on_its_own_gpu(tmp_path: Path) ->
         service: Any = backend._service
         (base,) = service._bases.values()
         assert not base.engine.sleep_while_training
+        # A step needs nothing of it: requests are answered while one trains.
+        assert base.engine.serves_while_training
+        with base.engine.training():
+            assert not base.engine._pausing
         assert str(base.model.device) == "cuda:0"
         assert base.engine.server.args.gpu_ids == [1]
     finally:

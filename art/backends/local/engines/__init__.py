@@ -3,6 +3,8 @@
 - `base.py`: the `Engine` protocol, everything the model service and the Ray replica
   may call, and the values it takes and returns.
 - `structured.py`: grammars (JSON schemas, tool calls) that constrain sampling.
+- `config_support.py`: what each engine (with the PEFT trainer) honours of an
+  `InternalModelConfig`, refused by field name otherwise.
 - `transformers/`: our continuous-batching decode loop on any torch device.
 - `vllm/`: vLLM's server in a child process from its own environment.
 

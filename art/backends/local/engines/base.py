@@ -1,20 +1,26 @@
-"""The inference engine seam: what the model service and the OpenAI endpoint ask of an engine.
+"""The inference engine seam: everything the model service and the Ray replica ask of an engine.
 
-Two engines implement `Engine`:
+Two engines implement `Engine`, each in its own folder with its own start function
+(`start.py` picks one; nothing else names an engine kind):
 
-- `transformers_engine.TransformersEngine`: our continuous-batching decode loop over the
-  training model itself (any torch device; the CPU default). It serves the adapter being
-  trained live, so a finished step is served at once. In dedicated mode on the CPU it
-  decodes from a serving copy of the weights instead and serves checkpoints loaded by
-  name, as vLLM does, so it keeps serving while a step trains.
-- `vllm_engine.VLLMEngine`: vLLM's server in a child process started from its own
-  environment (`.venv-vllm` or `ART_VLLM_PYTHON`), fed token ids. It holds its own copy of
-  the weights and serves checkpoints: each saved adapter is loaded into it by name.
+- `transformers/`: our continuous-batching decode loop (any torch device; the CPU
+  default). In shared mode it decodes from the training model itself and serves the
+  adapter being trained live, pausing while a step trains. With its own copy of the
+  weights (dedicated mode on the CPU, a Ray replica) it serves checkpoints loaded by
+  name, as vLLM does, and keeps serving while a step trains.
+- `vllm/`: vLLM's server in a child process started from its own environment
+  (`.venv-vllm` or `ART_VLLM_PYTHON`), fed token ids. It holds its own weights and
+  serves checkpoints loaded by name; on a GPU it shares with training it sleeps while a
+  step trains, on GPUs of its own (dedicated mode) it serves on.
 
 The endpoint renders the chat template and tokenizes; an engine gets token ids and
 `SamplingParams` and returns, per sampled sequence, the token ids and their logprobs under
-the model's own temperature-1 distribution, which is what the trainer recomputes. Which
-engine runs is `InternalModelConfig.engine` (see `choose_engine`).
+the model's own temperature-1 distribution, which is what the trainer recomputes.
+
+Adapters and requests: `load_adapter` makes a name servable; `unload_adapter` lets the
+requests sampling with it finish and fails the ones still waiting for it with
+`AdapterGone`, which names the adapter. A request never waits for an adapter that is not
+loaded.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ....core import dev
 from .structured import Grammar, Grammars
 
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
@@ -60,6 +65,14 @@ class EngineUnavailable(RuntimeError):
     """The engine cannot answer now (its process died, or it is restarting); says which."""
 
 
+class AdapterGone(LookupError):
+    """A request named an adapter the engine no longer serves (unloaded, or never loaded)."""
+
+    def __init__(self, adapter: str) -> None:
+        super().__init__(f"adapter {adapter!r} is not loaded in this engine")
+        self.adapter = adapter
+
+
 class Engine(Protocol):
     """Samples token ids for the model service's endpoint."""
 
@@ -68,6 +81,10 @@ class Engine(Protocol):
     """True: the engine samples from the model being trained (an adapter is served live by
     its name). False: it holds its own weights and serves checkpoints loaded by
     `load_adapter`, so the latest step is served as that step's checkpoint."""
+    serves_while_training: bool
+    """True: a training step needs nothing of this engine (`training()` is a no-op): it
+    decodes from its own weights on its own cores or GPUs, so requests are answered while
+    a step trains. False: `training()` drains and pauses it."""
 
     @property
     def active_rows(self) -> int:
@@ -89,8 +106,10 @@ class Engine(Protocol):
         """
         ...
 
-    def paused(self) -> contextlib.AbstractContextManager[None]:
-        """Sole use of the model for training: running requests finish, new ones wait."""
+    def training(self) -> contextlib.AbstractContextManager[None]:
+        """Held around a training step, or any change of the training model: what the
+        engine must stop for it. Running requests finish and new ones wait where the
+        engine shares the trainer's weights or GPU; nothing where it serves beside it."""
         ...
 
     def load_adapter(self, name: str, directory: Path) -> None:
@@ -98,23 +117,18 @@ class Engine(Protocol):
         ...
 
     def unload_adapter(self, name: str) -> None:
-        """Stop serving `name`; requests already sampling with it finish first."""
+        """Stop serving `name`: requests sampling with it finish first, and requests still
+        waiting for it fail with `AdapterGone`."""
         ...
 
-    def close(self) -> None: ...
+    def memory_bytes(self) -> int:
+        """Bytes of weights this engine holds beyond the trainer's (its own copies; 0
+        where it samples from the training model, or holds them in another process)."""
+        ...
 
-
-def choose_engine(config: dev.InternalModelConfig) -> EngineName:
-    """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here."""
-    if config.engine is not None:
-        return config.engine
-    from .vllm.server import find_vllm_python
-
-    if find_vllm_python() is None:
-        return "transformers"
-    import torch
-
-    return "vllm" if torch.cuda.is_available() else "transformers"
+    def close(self) -> None:
+        """Stop serving: requests still waiting fail; a child process is stopped."""
+        ...
 
 
 def text_until_stop(text: str, stop: tuple[str, ...]) -> str | None:
@@ -124,12 +138,12 @@ def text_until_stop(text: str, stop: tuple[str, ...]) -> str | None:
 
 
 __all__ = [
+    "AdapterGone",
     "Engine",
     "EngineName",
     "EngineUnavailable",
     "OnToken",
     "Sample",
     "SamplingParams",
-    "choose_engine",
     "text_until_stop",
 ]

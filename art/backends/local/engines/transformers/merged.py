@@ -28,7 +28,11 @@ _STALE = object()  # nothing merged yet, or the adapters changed since
 
 
 class MergedCopy:
-    """`plain` (a model without adapters) holding the weights of one adapter of `peft_model`."""
+    """`plain` (a model without adapters) holding the weights of one adapter of `peft_model`.
+
+    `peft_model` may still be a plain model (no adapter loaded yet); the engine sets it
+    again once its first adapter wraps it.
+    """
 
     def __init__(self, peft_model: Any, plain: Any) -> None:
         self.peft_model = peft_model
@@ -51,6 +55,9 @@ class MergedCopy:
         from peft.tuners.lora import LoraLayer
 
         self._merged = _STALE  # stays so if a merge fails halfway
+        if not hasattr(self.peft_model, "get_base_model"):  # no adapter loaded yet
+            self._merged = adapter
+            return
         # Found again each time: a model registered later may have adapted other modules.
         pairs: list[tuple[Any, Any]] = [
             (module, self._targets[name])
@@ -67,4 +74,10 @@ class MergedCopy:
         self._merged = adapter
 
 
-__all__ = ["MergedCopy"]
+def mergeable(target_modules: tuple[str, ...]) -> bool:
+    """Whether adapters on these modules can be merged into the engine's sampling copy (not
+    the embeddings or LM head: in the copy they may be one tied tensor)."""
+    return not {"embed_tokens", "lm_head", "wte", "embed_in"} & set(target_modules)
+
+
+__all__ = ["MergedCopy", "mergeable"]

@@ -30,10 +30,16 @@ from typing import Any
 
 import httpx
 
-from .....core import dev
 from .....core.errors import ConfigError
-from ...models import ResolvedModel
-from ..base import EngineUnavailable, OnToken, Sample, SamplingParams, text_until_stop
+from ..base import (
+    AdapterGone,
+    EngineUnavailable,
+    OnToken,
+    Sample,
+    SamplingParams,
+    text_until_stop,
+)
+from ..start import EngineSpec
 from ..structured import Grammars
 from .server import ServerArgs, VLLMServer, require_vllm_python
 
@@ -50,6 +56,7 @@ class VLLMEngine:
         *,
         stop_token_ids: set[int],
         sleep_while_training: bool,
+        serves_while_training: bool = False,
     ) -> None:
         self.server = server
         self.tokenizer = tokenizer
@@ -57,6 +64,8 @@ class VLLMEngine:
         self.sleep_while_training = sleep_while_training
         self.grammars = Grammars(tokenizer, stop_token_ids)
         self.serves_training_weights = False
+        # Dedicated mode: vLLM has GPUs of its own, so a step needs nothing of it.
+        self.serves_while_training = serves_while_training
         self._adapters: dict[str, Path] = {}  # loaded into the server: name -> directory
         self._in_use: dict[str | None, int] = {}  # adapter -> requests sampling with it
         self._rows = 0
@@ -109,7 +118,7 @@ class VLLMEngine:
                     )
                 if not self._pausing:
                     if adapter is not None and adapter not in self._adapters:
-                        raise EngineUnavailable(f"adapter {adapter!r} is not loaded")
+                        raise AdapterGone(adapter)
                     self._in_use[adapter] = self._in_use.get(adapter, 0) + 1
                     self._rows += n
                     return
@@ -265,6 +274,14 @@ class VLLMEngine:
             self._state.wait_for(lambda: not self._in_use.get(name))
         self._post_admin("/v1/unload_lora_adapter", {"lora_name": name})
 
+    def training(self) -> contextlib.AbstractContextManager[None]:
+        """A pause (and sleep, on a GPU training shares) unless vLLM has GPUs of its own."""
+        return contextlib.nullcontext() if self.serves_while_training else self.paused()
+
+    def memory_bytes(self) -> int:
+        """0: vLLM's weights are in its own process."""
+        return 0
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._state:
@@ -325,19 +342,11 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-r
 _CPU_KV_CACHE_BYTES = 1 << 30  # on CPU without gpu_memory_utilization: 46k tokens of SmolLM2
 
 
-def start_vllm_engine(
-    resolved: ResolvedModel,
-    tokenizer: Any,
-    config: dev.InternalModelConfig,
-    *,
-    dtype: str,
-    context_length: int,
-    stop_token_ids: set[int],
-    log_path: Path,
-    max_loras: int,
-) -> VLLMEngine:
-    """Start a vLLM server for `resolved` as `config` asks, and the engine that uses it."""
+def start_vllm_engine(spec: EngineSpec) -> VLLMEngine:
+    """Start a vLLM server for `spec.resolved` as `spec.config` asks, and its engine."""
     import torch
+
+    config = spec.config
 
     python = require_vllm_python()
     rank = config.peft_args.r
@@ -352,13 +361,13 @@ def start_vllm_engine(
     engine_args = config.engine_args
     dedicated = config.inference_gpu_ids is not None
     args = ServerArgs(
-        model=resolved.weights,
+        model=spec.resolved.weights,
         served_name="base",
-        dtype=dtype,
-        max_model_len=context_length,
+        dtype=spec.dtype,
+        max_model_len=spec.context_length,
         max_num_seqs=engine_args.max_num_seqs,
         max_lora_rank=max_lora_rank,
-        max_loras=max_loras,
+        max_loras=spec.max_loras,
         gpu_memory_utilization=engine_args.gpu_memory_utilization,
         enforce_eager=engine_args.enforce_eager,
         sleep_mode=cuda and not dedicated,
@@ -367,9 +376,13 @@ def start_vllm_engine(
         ),
         gpu_ids=config.inference_gpu_ids,
     )
-    server = VLLMServer(python, args, log_path)
+    server = VLLMServer(python, args, spec.log_path)
     return VLLMEngine(
-        server, tokenizer, stop_token_ids=stop_token_ids, sleep_while_training=args.sleep_mode
+        server,
+        spec.tokenizer,
+        stop_token_ids=set(spec.stop_token_ids),
+        sleep_while_training=args.sleep_mode,
+        serves_while_training=dedicated,
     )
 
 

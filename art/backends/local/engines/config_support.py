@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from ....core import dev
 from ....core.errors import ConfigError
-from ..engines.base import EngineName
+from .base import EngineName
+from .transformers.merged import mergeable
 
 
 def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
@@ -134,10 +135,4 @@ def _check_vllm(config: dev.InternalModelConfig) -> None:
         )
 
 
-def mergeable(target_modules: tuple[str, ...]) -> bool:
-    """Whether adapters on these modules can be merged into the engine's sampling copy (not
-    the embeddings or LM head: in the copy they may be one tied tensor)."""
-    return not {"embed_tokens", "lm_head", "wte", "embed_in"} & set(target_modules)
-
-
-__all__ = ["check_supported", "is_cpu_dedicated", "mergeable"]
+__all__ = ["check_supported", "is_cpu_dedicated"]

@@ -1,0 +1,256 @@
+"""The running batch: prefilling new requests into it and decoding it one token a step.
+
+Row i of every tensor of a `Batch` is `rows[i]`. New requests are prefilled as a batch of
+their own and joined to the running rows (the shorter KV cache left-padded and masked);
+finished rows leave at the next step, and the left padding no remaining row attends to is
+cut off.
+
+Prefill shares work: rows with the same prompt (a request's `n` samples, a group's
+rollouts sent together) share one prefilled row, copied to each of them, and prompts
+that start with a cached prefix (a system prompt, a conversation's earlier turns) take
+its keys and values from the prefix cache (`prefix_cache.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import kv_cache, sampling
+from .lean_decode import LeanDecoder
+from .prefix_cache import LayerKV, PrefixCache, Prompt
+from .rows import Request, Row, RowStepper, new_rows
+
+
+@dataclass
+class Batch:
+    """The running rows and their decoding state, row i of every tensor being rows[i]."""
+
+    rows: list[Row]
+    cache: Any  # a transformers Cache of kv_cache.GrowingLayer
+    attention: torch.Tensor  # (rows, cached length)
+    next_position: torch.Tensor  # (rows, 1)
+    logits: torch.Tensor  # (rows, vocab): the distribution of each row's next token
+
+
+class BatchDecoder:
+    """Prefills and decodes batches with `model` (set per batch: the adapter's weights)."""
+
+    def __init__(
+        self, stepper: RowStepper, pad_id: int, prefixes: PrefixCache, lean: LeanDecoder | None
+    ) -> None:
+        self.stepper = stepper
+        self.pad_id = pad_id
+        self.prefixes = prefixes
+        self.lean = lean  # decode steps of the merged copy without transformers' module stack
+        self.model: Any = None  # what the running batch calls
+
+    def prefill(self, requests: list[Request], device: torch.device) -> Batch | None:
+        """The requests' prompts run as one batch; None when every request failed alone."""
+        rows: list[Row] = []
+        for request in requests:
+            try:
+                rows += new_rows(request)
+            except Exception as error:  # this request's settings, not its neighbours'
+                request.fail(error)
+        if not rows:
+            return None
+        adapter = requests[0].adapter
+        prompts: dict[Prompt, int] = {}
+        source = [prompts.setdefault(tuple(row.request.prompt_ids), len(prompts)) for row in rows]
+        distinct = list(prompts)
+        # A greedy or seeded request must repeat itself, so its prompt is prefilled whole:
+        # a prefix from the cache changes the rounding of the rest (attention split
+        # differently), which can flip a near-tie.
+        exact = {source[i] for i, row in enumerate(rows) if row.request.repeatable}
+        chosen = [
+            () if i in exact else prompt[: self.prefixes.prefix_of(prompt, distinct, adapter)]
+            for i, prompt in enumerate(distinct)
+        ]
+        coarse = self.prefixes.coarsened(chosen)
+        groups: dict[Prompt, list[int]] = {}
+        for i, prefix in enumerate(chosen):
+            groups.setdefault(coarse.get(prefix, prefix), []).append(i)
+        order: list[int] = []
+        batch: Batch | None = None
+        for prefix, members in groups.items():
+            part = self._prefill_group(prefix, [distinct[i] for i in members], adapter, device)
+            batch = part if batch is None else stack(batch, part)
+            order += members
+        for prompt in distinct:
+            self.prefixes.remember(prompt)
+        assert batch is not None
+        place = {prompt_index: i for i, prompt_index in enumerate(order)}
+        index = [place[i] for i in source]
+        if index != list(range(len(batch.logits))):
+            selected = torch.tensor(index, dtype=torch.long, device=device)
+            batch.cache.batch_select_indices(selected)
+            batch = replace(
+                batch,
+                attention=batch.attention[selected],
+                next_position=batch.next_position[selected],
+                logits=batch.logits[selected],
+            )
+        return replace(batch, rows=rows)
+
+    def _prefill_group(
+        self, prefix: Prompt, prompts: list[Prompt], adapter: str | None, device: torch.device
+    ) -> Batch:
+        """`prompts` (each starting with `prefix`, which may be empty) prefilled as one batch:
+        cache rows laid out as [prefix | left padding | the rest of the prompt]."""
+        if prefix:
+            cache = kv_cache.with_prefix(self._prefix_kv(prefix, adapter, device), len(prompts))
+            self.prefixes.saved += len(prefix) * (len(prompts) - 1)  # computed once for all
+        else:
+            cache = kv_cache.new_cache()
+        rests = [prompt[len(prefix) :] for prompt in prompts]
+        longest = max(len(rest) for rest in rests)
+        input_ids = torch.full((len(rests), longest), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rests), len(prefix) + longest), dtype=torch.long)
+        attention[:, : len(prefix)] = 1
+        for i, rest in enumerate(rests):
+            input_ids[i, longest - len(rest) :] = torch.tensor(rest)
+            attention[i, len(attention[i]) - len(rest) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, len(prefix) :]
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            # An index tensor, not the int 1: the int slices a strided view of the hidden
+            # states, and torch's matmul of such a view with a weight that does not require
+            # grad (any PEFT-wrapped model) expands the whole LM head per row: 3x slower.
+            logits_to_keep=torch.tensor([longest - 1], device=device),
+        )
+        logits = output.logits[:, -1, :].float()
+        return Batch([], cache, attention, positions[:, -1:] + 1, logits)
+
+    def _prefix_kv(
+        self, prefix: Prompt, adapter: str | None, device: torch.device
+    ) -> list[LayerKV]:
+        """The keys and values of `prefix`: cached, or computed from its longest cached
+        prefix on (a conversation's next turn extends the last) and cached."""
+        found = self.prefixes.longest(adapter, prefix)
+        start, layers = found if found is not None else (0, [])
+        self.prefixes.saved += start
+        if start == len(prefix):
+            return layers
+        cache = kv_cache.with_prefix(layers, 1) if layers else kv_cache.new_cache()
+        self.model(
+            input_ids=torch.tensor([prefix[start:]], device=device),
+            position_ids=torch.arange(start, len(prefix), device=device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=torch.tensor([len(prefix) - start - 1], device=device),
+        )
+        layers = kv_cache.row_prefix(cache, 0, len(prefix))
+        self.prefixes.put(adapter, prefix, layers)
+        return layers
+
+    def step(self, batch: Batch) -> Batch:
+        """Sample one token for every row, retire finished rows, and run the model once."""
+        batch = keep(batch, [i for i, row in enumerate(batch.rows) if not row.request.ended])
+        if not batch.rows:
+            return batch
+        logits = batch.logits
+        tokens = sampling.sample(
+            self.stepper.constrain(logits, batch.rows),
+            [row.request.params.temperature for row in batch.rows],
+            [row.request.params.top_p for row in batch.rows],
+            [row.generator for row in batch.rows],
+        )
+        # The logprobs returned for training are under the model's own temperature-1
+        # distribution, unmasked: the one the trainer recomputes for the importance ratio.
+        normalizers = sampling.normalizers(logits)
+        chosen = (logits.gather(1, tokens[:, None]).squeeze(1) - normalizers).tolist()
+        token_list = tokens.tolist()
+        for i, row in enumerate(batch.rows):
+            try:
+                self.stepper.advance(row, token_list[i], chosen[i], logits[i], normalizers[i])
+            except Exception as error:  # this row's grammar or callback: it ends alone
+                row.request.fail(error)
+        kept = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
+        if len(kept) < len(batch.rows):
+            tokens = tokens[torch.tensor(kept, dtype=torch.long, device=tokens.device)]
+            batch = keep(batch, kept)
+        if not batch.rows:
+            return batch
+        attention = torch.cat([batch.attention, batch.attention.new_ones((len(kept), 1))], dim=1)
+        if self.lean is not None and self.model is self.lean.model:
+            logits = self.lean.step(tokens, batch.next_position, attention, batch.cache)
+        else:
+            output = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention,
+                position_ids=batch.next_position,
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+            logits = output.logits[:, -1, :].float()
+        return Batch(batch.rows, batch.cache, attention, batch.next_position + 1, logits)
+
+
+def join(running: Batch | None, new: Batch | None) -> Batch | None:
+    """One batch of both (the new rows last); either may be missing or empty."""
+    if new is None:
+        return running
+    if running is None or not running.rows:
+        return new
+    return stack(running, new)
+
+
+def keep(batch: Batch, kept: list[int]) -> Batch:
+    """The batch of rows `kept` only (their cache, mask, positions and logits)."""
+    if len(kept) == len(batch.rows):
+        return batch
+    index = torch.tensor(kept, dtype=torch.long, device=batch.logits.device)
+    attention = batch.attention[index]
+    if kept:  # an emptied batch is dropped whole, cache included
+        batch.cache.batch_select_indices(index)
+        # Left padding no remaining row attends to is cut off the cache and the mask:
+        # under a steady stream of requests the batch never drains, and without this
+        # every step would attend over (and every join copy) all the padding so far.
+        unused = int(attention.any(dim=0).to(torch.int8).argmax())
+        if unused:
+            kv_cache.trim_left(batch.cache, unused)
+            attention = attention[:, unused:]
+    return Batch(
+        [batch.rows[i] for i in kept],
+        batch.cache,
+        attention,
+        batch.next_position[index],
+        batch.logits[index],
+    )
+
+
+def stack(top: Batch, bottom: Batch) -> Batch:
+    """`top`'s rows then `bottom`'s: the shorter cache is left-padded (masked) to the longer."""
+    length = max(top.attention.shape[1], bottom.attention.shape[1])
+    kv_cache.join(top.cache, bottom.cache, length)
+    attention = torch.cat(
+        [_left_pad(top.attention, length, dim=1), _left_pad(bottom.attention, length, dim=1)]
+    )
+    return Batch(
+        top.rows + bottom.rows,
+        top.cache,
+        attention,
+        torch.cat([top.next_position, bottom.next_position]),
+        torch.cat([top.logits, bottom.logits]),
+    )
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    # F.pad lists (left, right) pairs from the last dimension backwards.
+    padding = [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0]
+    return F.pad(tensor, padding)
+
+
+__all__ = ["Batch", "BatchDecoder", "join", "keep", "stack"]

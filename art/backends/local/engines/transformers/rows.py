@@ -1,0 +1,151 @@
+"""Requests and their rows: what each sampled sequence holds, and when it stops.
+
+A request asks for `n` sequences of one prompt; each is a row of the running batch. A
+row takes one sampled token per decode step (`advance`): its grammar must accept it, its
+streaming callback sees it, and it stops at a stop token, a stop string, or `max_tokens`.
+A request is answered when its last row stops. Each row fails alone: an error of its
+grammar or callback fails its own request, never a neighbour's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..base import OnToken, Sample, SamplingParams, text_until_stop
+from ..structured import Grammars
+
+
+@dataclass
+class Request:
+    """One generate call: its prompt, sampling settings and the future its caller awaits."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    adapter: str | None
+    on_token: OnToken | None
+    future: concurrent.futures.Future[list[Sample]]
+    samples: list[Sample] = field(default_factory=list)
+    unfinished: int = 0
+
+    @property
+    def ended(self) -> bool:
+        """Answered, failed, or abandoned by its caller (a cancelled future)."""
+        return self.future.done()
+
+    def fail(self, error: BaseException) -> None:
+        settle(self.future, error=error)
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether its answer must be the same every time: greedy or seeded."""
+        return self.params.seed is not None or self.params.temperature == 0
+
+
+@dataclass
+class Row:
+    """One sampled sequence of a request."""
+
+    request: Request
+    index: int
+    sample: Sample
+    generator: torch.Generator | None
+    matcher: Any = None  # llguidance.LLMatcher of the request's grammar, if it has one
+    done: bool = False
+
+
+def new_rows(request: Request) -> list[Row]:
+    """The request's `n` rows, each with its own seeded generator and grammar matcher."""
+    request.samples = [Sample() for _ in range(request.n)]
+    request.unfinished = request.n
+    rows = []
+    for index, sample in enumerate(request.samples):
+        generator = None
+        if request.params.seed is not None:
+            generator = torch.Generator().manual_seed(request.params.seed + index)
+        grammar = request.params.grammar
+        matcher = grammar.matcher() if grammar is not None else None
+        rows.append(Row(request, index, sample, generator, matcher))
+    return rows
+
+
+class RowStepper:
+    """Gives rows their sampled tokens: grammar, callback, stops, and the answer."""
+
+    def __init__(self, tokenizer: Any, stop_token_ids: set[int], grammars: Grammars) -> None:
+        self.tokenizer = tokenizer
+        self.stop_token_ids = stop_token_ids
+        self.grammars = grammars
+
+    def constrain(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+        """The logits to sample from: the constrained rows' disallowed tokens at -inf."""
+        constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+        if not constrained:
+            return logits
+        matchers = [rows[i].matcher for i in constrained]
+        allowed = self.grammars.allowed_tokens(matchers, logits.shape[1]).to(logits.device)
+        index = torch.tensor(constrained, device=logits.device)
+        masked = logits.clone()
+        masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return masked
+
+    def advance(
+        self, row: Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+    ) -> None:
+        """Give `row` its sampled token; answer its request once all its rows are done."""
+        if row.matcher is not None and not row.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar rejected its own token: {row.matcher.get_error()}")
+        self._append(row, token, logprob, logits, normalizer)
+        if row.request.on_token is not None:
+            row.request.on_token(row.index, token)
+        if row.done:
+            row.request.unfinished -= 1
+            if row.request.unfinished == 0:
+                settle(row.request.future, result=row.request.samples)
+
+    def _append(
+        self, row: Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+    ) -> None:
+        params, sample = row.request.params, row.sample
+        sample.token_ids.append(token)
+        sample.logprobs.append(logprob)
+        if params.top_logprobs:
+            values, ids = logits.topk(params.top_logprobs)
+            values = values - normalizer
+            sample.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+        if token in self.stop_token_ids:
+            sample.finish_reason, row.done = "stop", True
+        elif params.stop:
+            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            until_stop = text_until_stop(text, params.stop)
+            if until_stop is not None:
+                sample.text = until_stop
+                sample.finish_reason, row.done = "stop", True
+                return
+        if not row.done and len(sample.token_ids) >= params.max_tokens:
+            sample.finish_reason, row.done = "length", True
+        if row.done:
+            sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+
+
+def settle(
+    future: concurrent.futures.Future[list[Sample]],
+    *,
+    result: list[Sample] | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Answer `future` unless it is already done; a caller may cancel at any moment."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled (its caller went away) or already failed: nobody is waiting
+
+
+__all__ = ["Request", "Row", "RowStepper", "new_rows", "settle"]
