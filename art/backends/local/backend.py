@@ -11,6 +11,7 @@ from ...core import dev
 from ...core.backend import InferenceEndpoint
 from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
+from ...core.registration import refuse_changed_registration
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
@@ -97,14 +98,7 @@ class LocalBackend:
         if isinstance(model, TrainableModel):
             record["base_model"] = model.base_model
             record["internal_config"] = model.internal_config.model_dump(mode="json")
-        existing = store.read_model()
-        if existing is not None and existing.get("base_model") != record.get("base_model"):
-            raise ConfigError(
-                "base_model",
-                f"model {model.name!r} in {store.dir} was trained from "
-                f"{existing.get('base_model')!r}, not {record.get('base_model')!r}",
-                "Give the new run its own name, or keep the original base_model",
-            )
+        refuse_changed_registration(store.read_model(), record, where=str(store.dir))
         endpoint = None
         if isinstance(model, TrainableModel):
             # Loaded before model.json is written: a base model that cannot be loaded must

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ...core.errors import ArtValueError, ConfigError
+from ...core.registration import refuse_changed_registration
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
 from ...core.validation import check_trainable, coerce_groups
@@ -45,7 +46,8 @@ class ArtServer:
             self.jobs[job.id] = job
         self._running: dict[str, TrainingJob] = {}  # model id -> its unfinished job
         self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+        self._guard = threading.Lock()  # the tables above; never held while waiting on a model
+        self._deleting: set[str] = set()  # model ids whose DELETE is under way
 
     def store(self, model_id: str, param: str = "model_id") -> ModelStore:
         """The model's files, if the key may use it; 404 for an id that names no model."""
@@ -105,13 +107,7 @@ class ArtServer:
             record["base_model"] = body.base_model
             internal = body.internal_config
             record["internal_config"] = {} if internal is None else internal.model_dump(mode="json")
-        if existing is not None and existing.get("base_model") != record.get("base_model"):
-            raise ConfigError(
-                "base_model",
-                f"model {body.name!r} on this server was trained from "
-                f"{existing.get('base_model')!r}, not {record.get('base_model')!r}",
-                "Give the new run its own name, or keep the original base_model",
-            )
+        refuse_changed_registration(existing, record, where="this server")
         if body.trainable:
             # Loaded before model.json is written, as LocalBackend does.
             _load(self.service, record)
@@ -159,6 +155,7 @@ class ArtServer:
         check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
         with self._guard:
             self.refuse_if_training(body.model_id)
+            self.refuse_if_deleting(body.model_id)
             sequences = sum(len(group.trajectories) for group in groups)
             job = TrainingJob(body.model_id, sequences, self.journal_dir)
             self._running[body.model_id] = self.jobs[job.id] = job
@@ -178,22 +175,42 @@ class ArtServer:
         return job
 
     def delete(self, model_id: str) -> dict[str, Any]:
+        """Unload the model and remove its files. Only this model waits meanwhile (its
+        running requests finish first); the server-wide guard is held only to mark it."""
         store = self.store(model_id)
         with self._guard:
-            self.refuse_if_training(model_id)  # at once, not after waiting for the job's lock
-        with self.lock(model_id), self._guard:
             self.refuse_if_training(model_id)
-            record = store.read_model() or {}
-            checkpoints = len(store.checkpoint_steps())
-            self.loaded.remove(record["project"], record["name"])
-            self.service.unload(record["project"], record["name"])
-            for job in [job for job in self.jobs.values() if job.model_id == model_id]:
-                del self.jobs[job.id]
-                job.forget()
-            doomed = store.dir.with_name(f".{store.dir.name}.deleting")
-            store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
-            shutil.rmtree(doomed)
+            self.refuse_if_deleting(model_id)
+            self._deleting.add(model_id)
+        try:
+            with self.lock(model_id):
+                record = store.read_model() or {}
+                checkpoints = len(store.checkpoint_steps())
+                self.loaded.remove(record["project"], record["name"])
+                self.service.unload(record["project"], record["name"])
+                with self._guard:
+                    doomed_jobs = [job for job in self.jobs.values() if job.model_id == model_id]
+                    for job in doomed_jobs:
+                        del self.jobs[job.id]
+                for job in doomed_jobs:
+                    job.forget()
+                doomed = store.dir.with_name(f".{store.dir.name}.deleting")
+                store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
+                shutil.rmtree(doomed)
+        finally:
+            with self._guard:
+                self._deleting.discard(model_id)
         return {"model_id": model_id, "deleted_checkpoints": checkpoints, "deleted_run": False}
+
+    def refuse_if_deleting(self, model_id: str) -> None:
+        """409 while the model is being deleted: no job may start on it meanwhile."""
+        if model_id in self._deleting:
+            raise ApiError(
+                409,
+                f"model_id: model {model_id!r} is being deleted",
+                param="model_id",
+                code="model_deleting",
+            )
 
     def refuse_if_training(self, model_id: str) -> None:
         """One job per model at a time: 409 while one is unfinished."""

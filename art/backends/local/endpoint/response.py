@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,17 @@ from .request import ChatCompletionRequest
 logger = logging.getLogger("art.endpoint")
 
 
+def no_release() -> None:
+    """A route that holds nothing."""
+
+
 @dataclass(frozen=True)
 class Route:
-    """Where a `model` name is served: an engine, and the adapter to use (None: the base)."""
+    """Where a `model` name is served: an engine, and the adapter to use (None: the base).
+
+    `release()` ends the route's hold on a leased checkpoint; the endpoint calls it once
+    the request has ended, however it ended.
+    """
 
     engine: Engine
     tokenizer: Any
@@ -35,6 +43,7 @@ class Route:
     adapter: str | None
     context_length: int
     step: int | None = None  # the checkpoint step `adapter` holds; None: the base model
+    release: Callable[[], None] = no_release
 
 
 @dataclass(frozen=True)
@@ -256,6 +265,7 @@ async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIt
         generation.cancel()
         if getter is not None:
             getter.cancel()
+        route.release()
 
 
-__all__ = ["Job", "Route", "completion", "stream"]
+__all__ = ["Job", "Route", "completion", "no_release", "stream"]

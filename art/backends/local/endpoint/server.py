@@ -23,9 +23,10 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engines.base import EngineUnavailable, Sample, SamplingParams
+from ..engines.base import AdapterGone, EngineUnavailable, Sample, SamplingParams
 from ..engines.structured import Grammar, GrammarError, Grammars
 from .chat_format import render_prompt
 from .request import (
@@ -84,6 +85,16 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
         log_rejected(request, 503, str(error))
         return ApiError(503, str(error), code="engine_unavailable").response()
 
+    @app.exception_handler(AdapterGone)
+    async def _adapter_gone(request: Request, error: AdapterGone) -> JSONResponse:
+        message = (
+            "the model this request named is no longer served: it was unloaded or deleted, or "
+            f"its checkpoint removed, while the request waited ({error}); GET /v1/models "
+            "lists what is served"
+        )
+        log_rejected(request, 404, message)
+        return ApiError(404, message, param="model", code="model_not_found").response()
+
     @app.exception_handler(_ClientGone)
     async def _gone(request: Request, error: _ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it; logged once already
@@ -124,20 +135,31 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
             raise ApiError(
                 404, str(error.args[0]), param="model", code="model_not_found"
             ) from error
-        job = await asyncio.to_thread(_prepare, body, route)
-        constrained = job.prefill or (body.response_format or {}).get("type", "text") != "text"
-        if constrained:  # compiling may take a while: off the event loop
-            grammar = await asyncio.to_thread(_grammar, body, route, job)
-            job = replace(job, params=replace(job.params, grammar=grammar))
-        if body.stream:
-            # Starlette cancels the stream when the client disconnects; the stream then
-            # cancels its generation (see `openai_response.stream`).
-            return StreamingResponse(stream(body, route, job), media_type="text/event-stream")
-        generation = route.engine.generate(
-            job.prompt_ids, job.params, n=body.n, adapter=route.adapter
-        )
-        samples = await _unless_disconnected(request, generation)
-        return JSONResponse(completion(body, route, job, samples))
+        streaming = False
+        try:
+            job = await asyncio.to_thread(_prepare, body, route)
+            constrained = job.prefill or (body.response_format or {}).get("type", "text") != "text"
+            if constrained:  # compiling may take a while: off the event loop
+                grammar = await asyncio.to_thread(_grammar, body, route, job)
+                job = replace(job, params=replace(job.params, grammar=grammar))
+            if body.stream:
+                # Starlette cancels the stream when the client disconnects; the stream then
+                # cancels its generation and releases the route (see `response.stream`),
+                # and so does the background task if the stream never started.
+                streaming = True
+                return StreamingResponse(
+                    stream(body, route, job),
+                    media_type="text/event-stream",
+                    background=BackgroundTask(route.release),
+                )
+            generation = route.engine.generate(
+                job.prompt_ids, job.params, n=body.n, adapter=route.adapter
+            )
+            samples = await _unless_disconnected(request, generation)
+            return JSONResponse(completion(body, route, job, samples))
+        finally:
+            if not streaming:
+                route.release()
 
     return app
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ....core import dev
 from ....core.trajectories import TrajectoryGroup
 from ....core.types import TrainConfig
 from ..engines.base import Engine
+from ..engines.start import EngineSpec
 from ..models import ResolvedModel
 
 
@@ -36,18 +37,6 @@ class Trainer(Protocol):
     def save(self, directory: Path) -> None:
         """Write the adapter and optimizer state into `directory`."""
         ...
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What an engine for one base model needs to start."""
-
-    resolved: ResolvedModel
-    config: dev.InternalModelConfig
-    tokenizer: Any
-    dtype: str
-    context_length: int
-    stop_token_ids: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -71,4 +60,4 @@ class Placement(Protocol):
     def close(self) -> None: ...
 
 
-__all__ = ["EngineSpec", "Placement", "Trainer", "TrainerSpec"]
+__all__ = ["Placement", "Trainer", "TrainerSpec"]

@@ -1,0 +1,55 @@
+"""The training driver: one step on a model's adapter, saved, then served.
+
+A step runs with sole use of the training model (`registry.on_training_model`); its
+adapter is saved as checkpoint `step + 1` (written whole in a temporary directory, then
+renamed) and, for an engine that holds its own weights, loaded into it before the next
+request for the model's latest step is routed, so rollouts that follow sample from it.
+"""
+
+from __future__ import annotations
+
+from ....core import dev
+from ....core.storage import replace_dir_atomic
+from ....core.trajectories import TrajectoryGroup
+from ....core.types import TrainConfig
+from ..torch_thread import TorchThread
+from .registry import TrainedModel, on_training_model
+
+
+def train_step(
+    trained: TrainedModel,
+    groups: list[TrajectoryGroup],
+    config: TrainConfig,
+    objective: dev.TrainConfig,
+    torch_thread: TorchThread,
+) -> dict[str, float]:
+    """One optimizer step on `trained`'s adapter; the checkpoint is saved and served."""
+    base = trained.base
+
+    def step() -> tuple[dict[str, float], int]:
+        base.model.set_adapter(trained.adapter)
+        metrics: dict[str, float] = trained.trainer.step(
+            groups, config, objective, base.chat_template
+        )
+        new_step = trained.store.step() + 1
+        replace_dir_atomic(trained.store.checkpoint_dir(new_step), trained.save)
+        return metrics, new_step
+
+    metrics, new_step = on_training_model(base, step, torch_thread)
+    publish(trained, new_step)
+    return metrics
+
+
+def publish(trained: TrainedModel, step: int) -> None:
+    """Make checkpoint `step` what `name` serves, on an engine with its own weights (one
+    that samples from the training model serves the trained adapter already)."""
+    engine = trained.base.engine
+    assert engine is not None
+    if engine.serves_training_weights:
+        return
+    directory = trained.store.checkpoint_dir(step)
+    trained.base.checkpoints.load(engine, trained.adapter, step, directory)
+    trained.published = step
+
+
+__all__ = ["publish", "train_step"]
