@@ -46,6 +46,9 @@ def test_config_fields_are_checked_and_named() -> None:
     with pytest.raises(art.ConfigError, match=r"RayConfig\.replicas.*need 5 CPUs"):
         RayConfig(replicas=4).check_fits([node])
     RayConfig(replicas=2, trainer_workers=2).check_fits([node])  # fits exactly
+    # Tensor parallelism is refused at once, not after a trainer group and checkpoint 0.
+    with pytest.raises(art.ConfigError, match=r"RayConfig\.replica_gpus.*tensor parallelism"):
+        RayConfig(replica_gpus=2)
 
 
 def test_sticky_table_follows_a_conversation_not_a_shared_prompt() -> None:
@@ -122,6 +125,9 @@ async def test_a_config_the_cluster_cannot_hold_is_refused_before_anything_start
 async def test_requests_spread_over_both_replicas(model: art.TrainableModel) -> None:
     backend = model.backend()
     assert isinstance(backend, RayBackend)
+    for status in replicas(backend):  # each replica chose and built its engine as LocalBackend
+        assert status["engine"] == "transformers"  # this node has no CUDA
+        assert status["merged"]  # merge_lora's default (on for a small CPU model) honoured
     before = [status["requests"] for status in replicas(backend)]
     await asyncio.gather(
         *(ask(model, [{"role": "user", "content": f"Count to {i}."}]) for i in range(8))

@@ -61,11 +61,12 @@ class RayConfig(ConfigModel):
                 f"{self.trainer_gpus} GPUs per trainer worker is not supported",
                 "Use 0 (CPU, gloo) or 1 (one GPU per worker, NCCL); add workers for more GPUs",
             )
-        if self.replica_gpus > 1 and not self.replica_gpus.is_integer():
+        if self.replica_gpus > 1:  # refused here, before a trainer or a checkpoint exists
             raise ConfigError(
                 "RayConfig.replica_gpus",
-                f"{self.replica_gpus} GPUs cannot be split into tensor-parallel ranks",
-                "Use a whole number of GPUs above 1, or a fraction of one GPU",
+                f"{self.replica_gpus:g} GPUs per replica asks for tensor parallelism, which "
+                "this version's replicas do not start yet",
+                "Use replica_gpus <= 1 and more replicas",
             )
 
     @property

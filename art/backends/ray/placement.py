@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.errors import BackendError, ConfigError
-from ..local.engines.base import choose_engine
+from ..local.engines.start import EngineSpec
 from ..local.engines.structured import Grammars
-from ..local.service.placement import EngineSpec, TrainerSpec
+from ..local.service.placement import TrainerSpec
 from .config import RayConfig
 from .replica import Replica
 from .router import ReplicaRouter
@@ -52,14 +52,6 @@ class RayPlacement:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         config = self.config
-        if config.replica_gpus > 1:
-            raise ConfigError(
-                "RayConfig.replica_gpus",
-                f"{config.replica_gpus:g} GPUs per replica asks for tensor parallelism, "
-                "which the vLLM engine of this version does not start yet",
-                "Use replica_gpus <= 1 and more replicas",
-            )
-        engine_name = choose_engine(spec.config)
         group = self._placement_group(config.replicas, config.replica_cpus, config.replica_gpus)
         actor = ray.remote(Replica)
         config_json = spec.config.model_dump(mode="json")
@@ -76,7 +68,6 @@ class RayPlacement:
                 index,
                 spec.resolved,
                 config_json,
-                engine_name,
                 spec.dtype,
                 spec.context_length,
                 spec.stop_token_ids,

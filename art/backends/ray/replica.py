@@ -1,21 +1,22 @@
 """`Replica`: one inference engine in a Ray actor, serving the adapters it is told to load.
 
 The router in the driver renders prompts and tokenizes; a replica gets token ids and
-samples with its own copy of the base model (the transformers engine on CPU, vLLM where
-the replica has a GPU). It serves checkpoints only: each published adapter is loaded by
-name (`load_adapter`) before any request names it.
+samples with its own copy of the base model. It picks and starts its engine itself
+(`engines.start`), on its own node: vLLM where that node has CUDA and vLLM's
+environment, else the transformers engine, with every `EngineArgs` field honoured as
+in LocalBackend. It serves checkpoints only: each published adapter is loaded by name
+(`load_adapter`) before any request names it.
 
 A grammar's matcher does not pickle, so a constrained request carries the grammar's
 source, which the replica compiles (once per distinct grammar) against its own tokenizer.
-It remembers the requests it served last (adapter and prompt), which is how a test or an operator sees where
-the router sent a conversation.
+It remembers the requests it served last (adapter and prompt), which is how a test or an
+operator sees where the router sent a conversation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
+import tempfile
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Any
 
 from ...core import dev
 from ..local import models
-from ..local.engines.base import Engine, EngineName, Sample, SamplingParams
+from ..local.engines.base import Sample, SamplingParams
+from ..local.engines.start import EngineSpec, choose_engine, start_engine
 
 _REMEMBERED_PROMPTS = 256
+_MAX_LORAS = 8
 
 
 class Replica:
@@ -36,70 +39,29 @@ class Replica:
         index: int,
         resolved: models.ResolvedModel,
         config_json: dict[str, Any],
-        engine_name: EngineName,
         dtype: str,
         context_length: int,
         stop_token_ids: frozenset[int],
     ) -> None:
+        from transformers import AutoTokenizer
+
         self.index = index
         config = dev.InternalModelConfig(**config_json)
-        self._lock = threading.Lock()
         self._served: deque[tuple[str | None, list[int]]] = deque(maxlen=_REMEMBERED_PROMPTS)
         self._requests = 0
         self._adapters: list[str] = []
-        if engine_name == "vllm":
-            self.engine = self._vllm(resolved, config, dtype, context_length, stop_token_ids)
-            self.model: Any = None
-            return
-        from ..local.engines.transformers.engine import TransformersEngine
-        from ..local.torch_thread import shared as torch_thread
-
-        # On the thread the engine decodes on: one OpenMP team per process (torch_thread.py).
-        self.model, tokenizer = torch_thread().run(lambda: models.load(resolved, dtype, _device()))
-        self.engine = torch_thread().run(
-            lambda: TransformersEngine(
-                self.model,
-                tokenizer,
-                max_num_seqs=config.engine_args.max_num_seqs,
-                model_lock=self._lock,
-                select_adapter=self._select_adapter,
-                stop_token_ids=set(stop_token_ids),
-            )
-        )
-
-    @staticmethod
-    def _vllm(
-        resolved: models.ResolvedModel,
-        config: dev.InternalModelConfig,
-        dtype: str,
-        context_length: int,
-        stop_token_ids: frozenset[int],
-    ) -> Engine:
-        import tempfile
-
-        from transformers import AutoTokenizer
-
-        from ..local.engines.vllm.engine import start_vllm_engine
-
-        tokenizer = AutoTokenizer.from_pretrained(resolved.weights)
-        return start_vllm_engine(
+        self.engine_name = choose_engine(config)  # this node's CUDA and venv decide
+        spec = EngineSpec(
             resolved,
-            tokenizer,
             config,
+            AutoTokenizer.from_pretrained(resolved.weights),
             dtype=dtype,
             context_length=context_length,
-            stop_token_ids=set(stop_token_ids),
+            stop_token_ids=stop_token_ids,
             log_path=Path(tempfile.mkdtemp(prefix="art-replica-")) / "vllm.log",
-            max_loras=8,
+            max_loras=_MAX_LORAS,
         )
-
-    def _select_adapter(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
-        if adapter is None:
-            if hasattr(self.model, "disable_adapter"):
-                return self.model.disable_adapter()  # type: ignore[no-any-return]
-            return contextlib.nullcontext()
-        self.model.set_adapter(adapter)
-        return contextlib.nullcontext()
+        self.engine = start_engine(spec)  # no trainer here: the engine has its own weights
 
     async def generate(
         self,
@@ -119,34 +81,20 @@ class Replica:
     async def load_adapter(self, name: str, directory: str) -> None:
         """Serve the checkpoint in `directory` as `name`."""
         # Off the actor's event loop: loading waits for the running batch to finish.
-        await asyncio.to_thread(self._load_adapter, name, directory)
+        await asyncio.to_thread(self.engine.load_adapter, name, Path(directory))
+        self._adapters.append(name)
 
     async def unload_adapter(self, name: str) -> None:
         await asyncio.to_thread(self.engine.unload_adapter, name)
         self._adapters.remove(name)
 
-    def _load_adapter(self, name: str, directory: str) -> None:
-        if self.model is None or hasattr(self.model, "peft_config"):
-            self.engine.load_adapter(name, Path(directory))
-        else:  # the first adapter turns the base into a PeftModel
-            from ..local.engines.transformers.engine import TransformersEngine
-
-            assert isinstance(self.engine, TransformersEngine)
-            self.engine.exclusive(lambda: self._wrap_in_peft(name, directory))
-        self._adapters.append(name)
-
-    def _wrap_in_peft(self, name: str, directory: str) -> None:
-        from peft import PeftModel
-
-        self.model = PeftModel.from_pretrained(self.model, directory, adapter_name=name)
-        self.model.eval()
-        self.engine.model = self.model  # type: ignore[attr-defined]
-
     def status(self) -> dict[str, Any]:
         """What this replica has done: requests served, the recent ones (adapter, prompt
-        ids), adapters loaded."""
+        ids), adapters loaded, and the engine it runs."""
         return {
             "index": self.index,
+            "engine": self.engine_name,
+            "merged": getattr(self.engine, "merged", None) is not None,
             "requests": self._requests,
             "served": list(self._served),
             "adapters": list(self._adapters),
@@ -160,12 +108,6 @@ class Replica:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 __all__ = ["Replica"]

@@ -43,6 +43,7 @@ class ReplicaRouter:
     """Routes requests over `count` replicas started (and restarted) by `start_replica`."""
 
     serves_training_weights = False
+    serves_while_training = True  # training runs in its own workers
 
     def __init__(self, start_replica: StartReplica, count: int, grammars: Grammars) -> None:
         self.grammars = grammars
@@ -111,9 +112,13 @@ class ReplicaRouter:
                     on_token(row, token)
         return samples
 
-    def paused(self) -> contextlib.AbstractContextManager[None]:
+    def training(self) -> contextlib.AbstractContextManager[None]:
         """Training runs in its own workers: inference goes on."""
         return contextlib.nullcontext()
+
+    def memory_bytes(self) -> int:
+        """0: the replicas hold their weights in their own processes."""
+        return 0
 
     def load_adapter(self, name: str, directory: Path) -> None:
         """Load the checkpoint on every live replica; return once all of them serve it."""
