@@ -412,6 +412,14 @@ class TrajectoryGroup(BaseModel):
         )
         self._built = True
 
+    def __copy__(self) -> TrajectoryGroup:
+        """A new group with new lists and dicts holding the same trajectories (as ART's)."""
+        copied = super().__copy__()
+        for name, value in copied.__dict__.items():
+            if isinstance(value, list | dict):
+                copied.__dict__[name] = value.copy()
+        return copied
+
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
 
