@@ -115,6 +115,22 @@ async def test_parquet_holds_every_message_tool_call_reward_and_metric(art_path:
     assert ModelStore(art_path, "proj", "agent-001").read_trajectories("train", 0) == groups
 
 
+async def test_group_metrics_and_logs_are_stored_and_logged_as_arts(art_path: Path) -> None:
+    """`TrajectoryGroup(metrics=, logs=)` (ART 0.5.18): the step's Parquet file keeps both,
+    and the history row gets `val/group_<name>`, the mean over the groups."""
+    model = await registered(art_path)
+    groups = [
+        art.TrajectoryGroup([tool_trajectory(1.0)], metrics={"hops": 1}, logs=["easy"]),
+        art.TrajectoryGroup([tool_trajectory(0.0)], metrics={"hops": 3}, logs=["hard"]),
+    ]
+    await model.log(groups)
+    assert ModelStore(art_path, "proj", "agent-001").read_trajectories("val", 0) == groups
+    rows = pq.read_table(model_dir(art_path) / "trajectories" / "val" / "0000.parquet").to_pylist()
+    assert [json.loads(row["group_metrics"]) for row in rows] == [{"hops": 1}, {"hops": 3}]
+    assert [row["group_logs"] for row in rows] == [["easy"], ["hard"]]
+    assert history(art_path)[-1]["val/group_hops"] == 2.0
+
+
 async def test_failed_rollouts_are_stored_and_counted_in_exception_rate(art_path: Path) -> None:
     model = await registered(art_path)
 
