@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "PipelineTrainer": "art.pipeline",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
+    "capture_http_client": "art.integrations.capture",
     "yield_trajectory": "art.integrations.capture",
     "capture_yielded_trajectory": "art.integrations.capture",
 }
@@ -149,6 +150,7 @@ if TYPE_CHECKING:
     from .core.utils import retry as retry
     from .integrations.capture import auto_trajectory as auto_trajectory
     from .integrations.capture import capture_auto_trajectory as capture_auto_trajectory
+    from .integrations.capture import capture_http_client as capture_http_client
     from .integrations.capture import capture_yielded_trajectory as capture_yielded_trajectory
     from .integrations.capture import yield_trajectory as yield_trajectory
     from .pipeline import PipelineTrainer as PipelineTrainer

@@ -125,26 +125,35 @@ async def test_a_litellm_choice_converts_to_the_openai_choice_a_trajectory_train
     ]
 
 
-def test_copies_of_trajectories_and_groups_behave_as_arts_pydantic_models() -> None:
-    """ART's models are plain pydantic ones: a shallow copy shares the lists, a deep one copies them."""
+def test_copies_of_trajectories_and_groups_behave_as_arts() -> None:
+    """As ART 0.5.5-0.5.18: a trajectory is a plain pydantic model (a shallow copy shares its
+    lists); a group's shallow copy has its own lists holding the same trajectories."""
     trajectory = art.Trajectory(
         messages_and_choices=[{"role": "user", "content": "q"}, sampled_choice("a b")],
         reward=1.0,
         metrics={"m": 1.0},
         logs=["x"],
     )
-    group = art.TrajectoryGroup([trajectory], metadata={"k": "v"})
+    group = art.TrajectoryGroup([trajectory, ValueError("boom")], metadata={"k": "v"})
 
     shallow, shallow_group = copy.copy(trajectory), copy.copy(group)
     assert shallow is not trajectory
     assert shallow == trajectory
     assert shallow.messages_and_choices is trajectory.messages_and_choices
     assert shallow_group is not group
-    assert shallow_group.trajectories is group.trajectories
+    assert shallow_group == group
+    assert shallow_group.trajectories[0] is trajectory  # the same trajectory objects
+    shallow_group.trajectories.append(shallow)
+    shallow_group.exceptions.clear()
+    shallow_group.metadata["k2"] = "v2"
+    assert group.trajectories == [trajectory]
+    assert len(group.exceptions) == 1
+    assert group.metadata == {"k": "v"}
 
     deep, deep_group = copy.deepcopy(trajectory), copy.deepcopy(group)
     assert deep == trajectory
     assert deep_group == group
+    assert deep_group.trajectories[0] is not trajectory
     deep.messages_and_choices.append({"role": "user", "content": "more"})
     deep.logs.append("y")
     deep_group.trajectories.append(deep)

@@ -293,3 +293,44 @@ async def test_capture_errors_say_what_to_do() -> None:
         art.auto_trajectory(required=True)
     with pytest.raises(art.ArtValueError, match="not the function"):
         await art.capture_auto_trajectory(yields_nothing)  # type: ignore[arg-type]
+
+
+# --- an agent that makes its own client ---------------------------------------------------
+
+
+async def own_client_agent(client: AsyncOpenAI) -> None:
+    """An existing agent: it makes its own client and sets only the reward."""
+    completion = await client.chat.completions.create(
+        model="external-model", messages=[{"role": "user", "content": "hello"}]
+    )
+    art.auto_trajectory(required=True).reward = float(
+        "hello" in (completion.choices[0].message.content or "")
+    )
+
+
+async def test_a_client_the_agent_made_itself_is_recorded_with_capture_http_client(
+    chat_server_url: str,
+) -> None:
+    client = AsyncOpenAI(
+        base_url=chat_server_url,
+        api_key="k",
+        http_client=art.capture_http_client(),  # type: ignore[arg-type]
+    )
+    trajectory = await art.capture_auto_trajectory(own_client_agent(client))
+    assert roles(trajectory.messages_and_choices) == ["user", "assistant"]
+    choice = trajectory.messages_and_choices[1]
+    assert isinstance(choice, Choice)
+    assert choice.message.content == "echo: hello"
+    assert trajectory.reward == 1.0
+    await client.close()
+
+
+async def test_a_capture_that_recorded_nothing_raises_naming_the_fix(
+    chat_server_url: str,
+) -> None:
+    """Without the recording client the call reaches the server unseen: never an empty
+    trajectory returned as if it were the rollout."""
+    client = AsyncOpenAI(base_url=chat_server_url, api_key="k")
+    with pytest.raises(art.RolloutError, match=r"http_client=art\.capture_http_client\(\)"):
+        await art.capture_auto_trajectory(own_client_agent(client))
+    await client.close()

@@ -115,6 +115,22 @@ async def test_parquet_holds_every_message_tool_call_reward_and_metric(art_path:
     assert ModelStore(art_path, "proj", "agent-001").read_trajectories("train", 0) == groups
 
 
+async def test_group_metrics_and_logs_are_stored_and_logged_as_arts(art_path: Path) -> None:
+    """`TrajectoryGroup(metrics=, logs=)` (ART 0.5.18): the step's Parquet file keeps both,
+    and the history row gets `val/group_<name>`, the mean over the groups."""
+    model = await registered(art_path)
+    groups = [
+        art.TrajectoryGroup([tool_trajectory(1.0)], metrics={"hops": 1}, logs=["easy"]),
+        art.TrajectoryGroup([tool_trajectory(0.0)], metrics={"hops": 3}, logs=["hard"]),
+    ]
+    await model.log(groups)
+    assert ModelStore(art_path, "proj", "agent-001").read_trajectories("val", 0) == groups
+    rows = pq.read_table(model_dir(art_path) / "trajectories" / "val" / "0000.parquet").to_pylist()
+    assert [json.loads(row["group_metrics"]) for row in rows] == [{"hops": 1}, {"hops": 3}]
+    assert [row["group_logs"] for row in rows] == [["easy"], ["hard"]]
+    assert history(art_path)[-1]["val/group_hops"] == 2.0
+
+
 async def test_failed_rollouts_are_stored_and_counted_in_exception_rate(art_path: Path) -> None:
     model = await registered(art_path)
 
@@ -260,16 +276,58 @@ async def test_step_is_the_highest_complete_checkpoint(art_path: Path) -> None:
     assert await model.get_step() == 3
 
 
-async def test_delete_checkpoints_keeps_the_latest_and_the_best(art_path: Path) -> None:
+async def test_delete_checkpoints_keeps_the_latest_and_the_best_mean(
+    art_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ART 0.5.18: the best step is the one whose rows average highest on the metric."""
     model = await registered(art_path)
     checkpoints = model_dir(art_path) / "checkpoints"
-    for step, reward in [(1, 0.2), (2, 0.9), (3, 0.4), (4, 0.5)]:
+    for step, rewards in [(1, [0.2]), (2, [0.1, 0.9]), (3, [0.6, 0.6]), (4, [0.5]), (5, [])]:
         (checkpoints / f"{step:04d}").mkdir(parents=True)
-        await model.log(metrics={"reward": reward}, step=step)
-    with pytest.raises(art.ConfigError, match="val/accuracy"):
-        await model.delete_checkpoints("val/accuracy")
-    assert await model.delete_checkpoints() == [1, 3]
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["0002", "0004"]
+        for reward in rewards:
+            await model.log(metrics={"reward": reward}, step=step)
+    assert await model.delete_checkpoints() == [1, 2, 4]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0003", "0005"]
+    assert capsys.readouterr().out == ""
+
+
+async def test_delete_checkpoints_without_the_metric_keeps_the_latest_and_says_so(
+    art_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ART's examples call it at every step from step 0, before anything is validated."""
+    model = await registered(art_path)
+    checkpoints = model_dir(art_path) / "checkpoints"
+    for step in (0, 1, 2):
+        (checkpoints / f"{step:04d}").mkdir(parents=True)
+    assert await model.delete_checkpoints() == [0, 1]
+    history_path = model_dir(art_path) / "history.jsonl"
+    assert capsys.readouterr().out == f'"{history_path}" not found\n'
+
+    (checkpoints / "0003").mkdir()
+    await model.log(metrics={"loss": 1.0}, step=3)
+    assert await model.delete_checkpoints("val/accuracy") == [2]
+    assert capsys.readouterr().out == 'No "val/accuracy" metric found in history\n'
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["0003"]
+
+
+async def test_a_trainable_model_deletes_checkpoints_at_step_0(
+    art_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ART's loop: `await model.delete_checkpoints()` at the top of every step, from 0."""
+    backend = LocalBackend(path=art_path, in_process=True)
+    model = art.TrainableModel(
+        name="agent-001", project="proj", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    try:
+        await model.register(backend)
+        assert await model.get_step() == 0
+        assert await model.delete_checkpoints() == []
+        history_path = model_dir(art_path) / "history.jsonl"
+        assert capsys.readouterr().out == f'"{history_path}" not found\n'
+        assert [p.name for p in (model_dir(art_path) / "checkpoints").iterdir()] == ["0000"]
+        assert await model.get_step() == 0
+    finally:
+        await backend.close()
 
 
 async def test_log_refuses_reserved_and_non_numeric_metrics(art_path: Path) -> None:

@@ -158,10 +158,13 @@ async def test_a_group_is_rescored_by_id_and_a_second_call_hits_the_cache(
 ) -> None:
     scripted_chat.answers.append(answer(("2", 0.4), ("1", 1.0), ("3", 0.0)))
     group = group_of(ANSWERS[:3], rewards=[0.25, 0.5, 0.75])
+    group.metrics["hops"] = 2
+    group.log("three answers")
     judged = await ruler_score_group(
         group, "openai/scripted-judge", scripted_params(scripted_chat), cache=tmp_path
     )
     assert judged is not None
+    assert (judged.metrics, judged.logs) == ({"hops": 2}, ["three answers"])
     assert [t.reward for t in judged] == [1.0, 0.4, 0.0]
     assert [t.metrics["independent_reward"] for t in judged] == [0.25, 0.5, 0.75]
     assert [t.metrics["ruler_score"] for t in judged] == [1.0, 0.4, 0.0]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+from pathlib import Path
 
 import pytest
 from helpers import WEATHER_TOOL, sampled_choice, tool_trajectory
@@ -11,6 +13,8 @@ from openai.types.chat import ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 import art
+from art.core.metrics import group_metrics
+from art.core.parquet import read_groups, write_groups
 
 
 def test_messages_turn_choices_into_assistant_messages_with_tool_calls() -> None:
@@ -149,6 +153,46 @@ def test_a_group_of_awaitables_is_awaitable() -> None:
     group = asyncio.run(main())
     assert isinstance(group, art.TrajectoryGroup)
     assert [t.reward for t in group] == [0.0, 1.0]
+
+
+def test_a_group_keeps_its_own_metrics_and_logs_as_arts_does(tmp_path: Path) -> None:
+    """ART 0.5.18's `TrajectoryGroup(..., metrics=, logs=)`: kept through awaiting, copies,
+    JSON and Parquet, and logged as `group_<name>`, the mean over groups with trajectories."""
+
+    async def rollout(reward: float) -> art.Trajectory:
+        return art.Trajectory(reward=reward)
+
+    async def main() -> art.TrajectoryGroup:
+        return await art.TrajectoryGroup(
+            (rollout(r) for r in (0.0, 1.0)), metrics={"difficulty": 2}, logs=["built"]
+        )
+
+    group = asyncio.run(main())
+    assert group.metrics == {"difficulty": 2}
+    group.log("judged")
+    assert group.logs == ["built", "judged"]
+    copied, deep = copy.copy(group), copy.deepcopy(group)
+    copied.metrics["other"] = 1.0
+    deep.logs.append("deep")
+    assert group.metrics == {"difficulty": 2}
+    assert group.logs == ["built", "judged"]
+
+    again = art.TrajectoryGroup.model_validate_json(group.model_dump_json())
+    assert again == group
+    assert art.TrajectoryGroup.model_validate(group.model_dump()) == group
+
+    failed_only = art.TrajectoryGroup([ValueError("x")], metrics={"difficulty": 100})
+    second = art.TrajectoryGroup([art.Trajectory(reward=0.5)], metrics={"difficulty": 4.0})
+    path = tmp_path / "0000.parquet"
+    write_groups(path, [group, failed_only, second], split="val", step=0)
+    assert read_groups(path) == [group, failed_only, second]
+    row = group_metrics([group, failed_only, second])
+    assert row["group_difficulty"] == 3.0  # (2 + 4) / 2: the group of exceptions is left out
+
+    with pytest.raises(art.TrajectoryValidationError, match=r"metrics\['level'\]"):
+        art.TrajectoryGroup([], metrics={"level": "hard"})  # type: ignore[dict-item]
+    with pytest.raises(art.TrajectoryValidationError, match=r"logs\[0\]"):
+        art.TrajectoryGroup([], logs=[3])  # type: ignore[list-item]
 
 
 def test_a_group_of_something_else_names_the_item() -> None:

@@ -158,6 +158,8 @@ async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
         [outcome for outcome in outcomes if outcome is not None],
         exceptions=pending.exceptions,
         metadata=pending.metadata,
+        metrics=pending.metrics,
+        logs=pending.logs,
     )
 
 

@@ -10,6 +10,8 @@ num_exceptions      rollouts that raised
 trainable_groups    groups whose rewards differ, the only ones a GRPO step learns from
 completion_tokens   mean sampled tokens per trajectory, where choices report them
 <metric>            mean of each trajectory metric, over the trajectories that have it
+group_<metric>      mean of each group metric (`TrajectoryGroup(metrics=...)`), over the
+                    groups that have it and hold at least one trajectory (ART's rule)
 """
 
 from __future__ import annotations
@@ -50,4 +52,11 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
                 sums[key].append(float(value))
     for key, values in sums.items():
         metrics.setdefault(key, statistics.fmean(values))
+    per_group: dict[str, list[float]] = defaultdict(list)
+    for group in groups:
+        if group.trajectories:  # a group of exceptions only measured nothing (as in ART)
+            for key, value in group.metrics.items():
+                per_group[key].append(float(value))
+    for key, values in per_group.items():
+        metrics.setdefault(f"group_{key}", statistics.fmean(values))
     return metrics

@@ -240,7 +240,12 @@ class Model(ConfigModel):
         observe.history_row(self, step, metrics)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
-        """Delete every checkpoint but the latest and the one best on the given history metric."""
+        """Delete every checkpoint but the latest and the one best on the given history metric.
+
+        The best is the step whose `history.jsonl` rows average highest on the metric. As
+        in ART, before that metric is recorded (at step 0, say) a note is printed and only
+        the latest checkpoint is kept. Returns the deleted steps.
+        """
         backend = self._registered_backend("delete checkpoints")
         return await backend.delete_checkpoints(self, best_checkpoint_metric=best_checkpoint_metric)
 

@@ -3,7 +3,8 @@
 The readable columns (`reward`, `messages` with role, content, tool calls and whether
 the turn was trainable) are for analysis with pandas, polars or DuckDB. The
 `trajectory` column holds the trajectory's full JSON, which is what `read_groups`
-rebuilds from, so nothing is lost in a round trip.
+rebuilds from, so nothing is lost in a round trip. A group's own `metrics` (JSON) and
+`logs` are repeated on each of its rows, as ART's `group_metrics` and `group_logs`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from openai.types.chat.chat_completion import Choice
 from .trajectories import PydanticException, Trajectory, TrajectoryGroup
 from .types import MessageOrChoice
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: group_metrics and group_logs columns (files of 1 read as empty)
 
 
 def _schema() -> Any:
@@ -39,6 +40,8 @@ def _schema() -> Any:
             ("group_index", pa.int64()),
             ("trajectory_index", pa.int64()),
             ("group_metadata", pa.string()),
+            ("group_metrics", pa.string()),
+            ("group_logs", pa.list_(pa.string())),
             ("reward", pa.float64()),
             ("metrics", pa.string()),
             ("metadata", pa.string()),
@@ -88,6 +91,8 @@ def _empty_row(split: str, step: int, group_index: int, group: TrajectoryGroup) 
         "group_index": group_index,
         "trajectory_index": None,
         "group_metadata": json.dumps(group.metadata),
+        "group_metrics": json.dumps(group.metrics),
+        "group_logs": list(group.logs),
         "reward": None,
         "metrics": None,
         "metadata": None,
@@ -143,12 +148,20 @@ def read_groups(path: Path) -> list[TrajectoryGroup]:
 
     columns = ["group_index", "group_metadata", "trajectory", "exception_type"]
     columns += ["exception_message", "exception_traceback"]
+    present = set(pq.read_schema(path).names)
+    columns += [name for name in ("group_metrics", "group_logs") if name in present]
     rows = pq.read_table(path, columns=columns).to_pylist()
     by_index: dict[int, dict[str, Any]] = {}
     for row in rows:
         parts = by_index.setdefault(
             row["group_index"],
-            {"metadata": json.loads(row["group_metadata"]), "trajectories": [], "exceptions": []},
+            {
+                "metadata": json.loads(row["group_metadata"]),
+                "metrics": json.loads(row.get("group_metrics") or "{}"),
+                "logs": row.get("group_logs") or [],
+                "trajectories": [],
+                "exceptions": [],
+            },
         )
         if row["trajectory"] is not None:
             parts["trajectories"].append(Trajectory.model_validate_json(row["trajectory"]))
@@ -162,7 +175,11 @@ def read_groups(path: Path) -> list[TrajectoryGroup]:
             )
     return [
         TrajectoryGroup(
-            parts["trajectories"], exceptions=parts["exceptions"], metadata=parts["metadata"]
+            parts["trajectories"],
+            exceptions=parts["exceptions"],
+            metadata=parts["metadata"],
+            metrics=parts["metrics"],
+            logs=parts["logs"],
         )
         for _, parts in sorted(by_index.items())
     ]

@@ -200,27 +200,29 @@ class ModelStore:
         return deleted
 
     def delete_checkpoints_but_best(self, metric: str) -> list[int]:
-        """Keep the latest checkpoint and the one whose step scored best on `metric`."""
+        """Keep the latest checkpoint and the step with the best mean `metric`; delete the rest.
+
+        As ART 0.5.18: the best step is the one whose history rows average highest on
+        `metric` (later step on a tie). Where there is no history yet, or no row has the
+        metric (ART's examples call this at every step from step 0, before anything is
+        validated), a note is printed and only the latest checkpoint is kept.
+        """
         steps = self.checkpoint_steps()
-        if not steps:
-            return []
-        scores = {
-            row["step"]: row[metric]
-            for row in self.read_history()
-            if isinstance(row.get(metric), int | float) and row.get("step") in steps
-        }
-        if not scores:
-            known = sorted(
-                {key for row in self.read_history() for key in row} - {"step", "recorded_at"}
-            )
-            raise ConfigError(
-                "best_checkpoint_metric",
-                f"no checkpoint has {metric!r} in {self.history_path}",
-                "Log a split at each checkpoint (e.g. `await model.log(val_groups)`) or name "
-                f"a recorded metric: {', '.join(known) or 'none recorded yet'}",
-            )
-        best = max(scores, key=lambda step: (scores[step], step))
-        return self.delete_checkpoints(keep={steps[-1], best})
+        keep = {steps[-1] if steps else 0}
+        if not self.history_path.exists():
+            print(f'"{self.history_path}" not found')
+        else:
+            values: dict[int, list[float]] = {}
+            for row in self.read_history():
+                value = row.get(metric)
+                if isinstance(value, int | float) and isinstance(row.get("step"), int):
+                    values.setdefault(row["step"], []).append(float(value))
+            if values:
+                means = {step: sum(v) / len(v) for step, v in values.items()}
+                keep.add(max(means, key=lambda step: (means[step], step)))
+            else:
+                print(f'No "{metric}" metric found in history')
+        return self.delete_checkpoints(keep=keep)
 
     # --- metrics history --------------------------------------------------------------------
 

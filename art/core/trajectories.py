@@ -318,7 +318,8 @@ class TrajectoryGroup(BaseModel):
     Built from finished trajectories (and exceptions), it is a group at once. Built from
     awaitables, such as calls of an async rollout function, it is an awaitable group
     that `gather_trajectory_groups` runs; a rollout that raises is recorded in
-    `exceptions`.
+    `exceptions`. `metrics` are the group's own numbers (logged as `group_<name>`, the
+    mean over the groups with trajectories, as ART does); `logs` are its lines of text.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -326,6 +327,8 @@ class TrajectoryGroup(BaseModel):
     trajectories: list[Trajectory] = Field(default_factory=list)
     exceptions: list[PydanticException] = Field(default_factory=list)
     metadata: dict[str, MetadataValue] = Field(default_factory=dict)
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
 
     # Python calls __init__ again on what __new__ returns, with the caller's (by then
     # exhausted) iterable; this flag makes that second call a no-op.
@@ -338,6 +341,8 @@ class TrajectoryGroup(BaseModel):
         *,
         exceptions: Iterable[BaseException | PydanticException] = ...,
         metadata: Mapping[str, MetadataValue] | None = ...,
+        metrics: Mapping[str, MetricValue] | None = ...,
+        logs: Iterable[str] | None = ...,
     ) -> TrajectoryGroup: ...
 
     @overload
@@ -347,6 +352,8 @@ class TrajectoryGroup(BaseModel):
         *,
         exceptions: Iterable[BaseException | PydanticException] = ...,
         metadata: Mapping[str, MetadataValue] | None = ...,
+        metrics: Mapping[str, MetricValue] | None = ...,
+        logs: Iterable[str] | None = ...,
     ) -> PendingTrajectoryGroup: ...
 
     def __new__(  # type: ignore[misc]
@@ -355,13 +362,21 @@ class TrajectoryGroup(BaseModel):
         *,
         exceptions: Iterable[BaseException | PydanticException] = (),
         metadata: Mapping[str, MetadataValue] | None = None,
+        metrics: Mapping[str, MetricValue] | None = None,
+        logs: Iterable[str] | None = None,
     ) -> TrajectoryGroup | PendingTrajectoryGroup:
         items = list(trajectories)
         extra_exceptions = list(exceptions)
         if any(_is_awaitable(item) for item in items):
-            return PendingTrajectoryGroup(items, extra_exceptions, dict(metadata or {}))
+            return PendingTrajectoryGroup(
+                items,
+                extra_exceptions,
+                dict(metadata or {}),
+                metrics=_checked_metrics(metrics),
+                logs=_checked_logs(logs),
+            )
         group = super().__new__(cls)
-        group._build(items, extra_exceptions, metadata)
+        group._build(items, extra_exceptions, metadata, metrics, logs)
         return group
 
     def __init__(
@@ -370,16 +385,20 @@ class TrajectoryGroup(BaseModel):
         *,
         exceptions: Iterable[BaseException | PydanticException] = (),
         metadata: Mapping[str, MetadataValue] | None = None,
+        metrics: Mapping[str, MetricValue] | None = None,
+        logs: Iterable[str] | None = None,
     ) -> None:
         if getattr(self, "__pydantic_private__", None) and self._built:
             return
-        self._build(list(trajectories), list(exceptions), metadata)
+        self._build(list(trajectories), list(exceptions), metadata, metrics, logs)
 
     def _build(
         self,
         items: list[Any],
         exceptions: list[BaseException | PydanticException],
         metadata: Mapping[str, MetadataValue] | None,
+        metrics: Mapping[str, MetricValue] | None = None,
+        logs: Iterable[str] | None = None,
     ) -> None:
         trajectories: list[Trajectory] = []
         records: list[PydanticException] = []
@@ -408,9 +427,31 @@ class TrajectoryGroup(BaseModel):
             for key, value in check_str_keys(metadata or {}, "metadata").items()
         }
         BaseModel.__init__(
-            self, trajectories=trajectories, exceptions=records, metadata=checked_metadata
+            self,
+            trajectories=trajectories,
+            exceptions=records,
+            metadata=checked_metadata,
+            metrics=_checked_metrics(metrics),
+            logs=_checked_logs(logs),
         )
         self._built = True
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _check_metrics(cls, value: object) -> dict[str, MetricValue]:
+        return _checked_metrics(value)  # type: ignore[arg-type]
+
+    def log(self, message: str) -> None:
+        """Keep a line of text with this group (stored with it in the step's Parquet file)."""
+        self.logs.append(message)
+
+    def __copy__(self) -> TrajectoryGroup:
+        """A new group with new lists and dicts holding the same trajectories (as ART's)."""
+        copied = super().__copy__()
+        for name, value in copied.__dict__.items():
+            if isinstance(value, list | dict):
+                copied.__dict__[name] = value.copy()
+        return copied
 
     def __iter__(self) -> Iterator[Trajectory]:  # type: ignore[override]
         return iter(self.trajectories)
@@ -426,6 +467,29 @@ def _is_awaitable(item: object) -> bool:
     return hasattr(item, "__await__")
 
 
+def _checked_metrics(value: Mapping[str, MetricValue] | None) -> dict[str, MetricValue]:
+    items = check_str_keys(value if value is not None else {}, "metrics")
+    return {key: check_metric(v, f"metrics[{key!r}]") for key, v in items.items()}
+
+
+def _checked_logs(value: Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str | bytes):
+        raise TrajectoryValidationError(
+            "logs", "expected a list of str, got one string", "Pass `logs=[line]`"
+        )
+    lines = list(value)
+    for index, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TrajectoryValidationError(
+                f"logs[{index}]",
+                f"expected a str, got {type(line).__name__}",
+                "Put numbers in `metrics`, other data in `metadata`",
+            )
+    return lines
+
+
 class PendingTrajectoryGroup:
     """A group whose rollouts have not run yet; awaiting it runs them concurrently."""
 
@@ -434,10 +498,15 @@ class PendingTrajectoryGroup:
         items: list[Any],
         exceptions: list[BaseException | PydanticException],
         metadata: dict[str, MetadataValue],
+        *,
+        metrics: dict[str, MetricValue] | None = None,
+        logs: list[str] | None = None,
     ) -> None:
         self.items = items
         self.exceptions = exceptions
         self.metadata = metadata
+        self.metrics = metrics or {}
+        self.logs = logs or []
 
     def __len__(self) -> int:
         return len(self.items)

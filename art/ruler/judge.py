@@ -150,7 +150,13 @@ async def ruler_score_group(
             trajectory.metrics["ruler_judge_cost"] = judgement.cost * share
         trajectory.reward = score.score
         trajectory.log(f"RULER explanation: {score.explanation}")
-    return TrajectoryGroup(trajectories, exceptions=group.exceptions, metadata=group.metadata)
+    return TrajectoryGroup(
+        trajectories,
+        exceptions=group.exceptions,
+        metadata=group.metadata,
+        metrics=group.metrics,
+        logs=group.logs,
+    )
 
 
 async def judge(

@@ -14,7 +14,9 @@ streamed or not, every choice when `n > 1`) is recorded with its request message
 tools and the returned choices, our endpoint's token ids and logprobs included, so the
 trajectory trains as if it had been built by hand. Calls to other models (a judge, a
 tool's own LLM) and clients without the transport are not recorded: nothing of httpx is
-patched. How calls become conversations is described in `_assemble`; how they are
+patched. An agent that makes its own client gives it `http_client=art.capture_http_client()`;
+a capture that recorded no call at all raises, naming that fix, rather than returning an
+empty trajectory. How calls become conversations is described in `_assemble`; how they are
 recorded, in `art.core.recording`.
 
 `yield_trajectory` / `capture_yielded_trajectory` are the other ART pattern: code deep
@@ -28,6 +30,8 @@ import threading
 from collections.abc import Awaitable
 from contextvars import ContextVar
 from typing import Any, Literal, overload
+
+import httpx
 
 from ...core.errors import ArtValueError, RolloutError
 from ...core.recording import RecordingAsyncTransport, RecordingTransport
@@ -68,7 +72,9 @@ async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
     Its `messages_and_choices`, `tools` and `additional_histories` are the recorded
     conversations; reward, metrics and metadata are whatever the rollout set through
     `auto_trajectory()`. `metrics['duration']` is the capture's wall time. Responses
-    that could not be read are noted in `logs`, never dropped silently.
+    that could not be read are noted in `logs`, never dropped silently. A rollout that
+    sent no chat completion through a recording client (an `AsyncOpenAI` it made
+    without `http_client=art.capture_http_client()`, say) raises `RolloutError`.
     """
     if not inspect.isawaitable(coroutine):
         raise ArtValueError(
@@ -91,8 +97,36 @@ async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
     finally:
         _auto.reset(token)
     refresh(recorder)
+    if recorder.sent == 0 and not trajectory.messages_and_choices:
+        raise RolloutError(
+            "capture_auto_trajectory recorded no chat completion, so the trajectory would be "
+            "empty. Calls are recorded only through clients that carry the recording "
+            "transport (nothing of httpx is patched): make the client with "
+            "`model.openai_client()`, or give your own one "
+            "`AsyncOpenAI(base_url=..., api_key=..., http_client=art.capture_http_client())`"
+        )
     trajectory.logs.extend(recorder.problems)
     return trajectory.finish()
+
+
+def capture_http_client() -> httpx.AsyncClient:
+    """An httpx client that records the chat completions sent through it inside a capture.
+
+    Give it to an OpenAI client the agent makes itself, so `capture_auto_trajectory`
+    (and `art.langgraph`'s wrapped rollouts) record its calls:
+    `AsyncOpenAI(base_url=..., api_key=..., http_client=art.capture_http_client())`.
+    Every chat completion through it is recorded, whichever model it names; outside a
+    capture it is a plain client, with the OpenAI SDK's timeout and pool limits.
+    (A sync `OpenAI` client takes `httpx.Client(transport=RecordingTransport())`.)
+    """
+    # httpx's own client, not `openai.DefaultAsyncHttpxClient`: OpenAI SDK 3 builds that
+    # on its httpx2 fork, whose requests an httpx transport cannot send.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    return httpx.AsyncClient(
+        transport=RecordingAsyncTransport(httpx.AsyncHTTPTransport(limits=limits)),
+        timeout=httpx.Timeout(600.0, connect=5.0),
+        follow_redirects=True,
+    )
 
 
 def yield_trajectory(trajectory: Trajectory) -> None:
@@ -141,6 +175,7 @@ __all__ = [
     "RecordingTransport",
     "auto_trajectory",
     "capture_auto_trajectory",
+    "capture_http_client",
     "capture_yielded_trajectory",
     "conversations",
     "current_recorder",

@@ -59,6 +59,12 @@ class Recorder:
             self._sent += 1
             return self._sent
 
+    @property
+    def sent(self) -> int:
+        """How many chat completions went out through a recording transport so far."""
+        with self._lock:
+            return self._sent
+
     def add(self, order: int, request: dict[str, Any], body: bytes) -> None:
         """Record a finished call from its request JSON and its response body (JSON or SSE).
 
