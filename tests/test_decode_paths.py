@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from art.backends.local.engines.transformers import kv_cache, sampling
 from art.backends.local.engines.base import SamplingParams
+from art.backends.local.engines.transformers import kv_cache, sampling
 from art.backends.local.engines.transformers.engine import TransformersEngine
 from art.backends.local.engines.transformers.lean_decode import LeanDecoder
 from art.backends.local.engines.transformers.merged import MergedCopy
