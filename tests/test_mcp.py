@@ -78,6 +78,7 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [call("complete_task", {"summary": "added a note"})]},
     ],
     "quitter": [{"content": "I will not use any tool."}],
+    "finisher": [{"tool_calls": [call("complete_task", {"summary": "nothing to do"})]}],
 }
 
 
@@ -353,13 +354,25 @@ async def test_failing_tools_and_malformed_calls_are_recorded_and_the_rollout_go
     assert results[5] == "Task marked complete."
     assert trajectory.metrics == trajectory.metrics | {
         "turns": 6,
-        "tool_calls": 6,
+        "tool_calls": 5,  # the built-in complete_task is counted in `completed`, not here
         "tool_errors": 4,
         "completed": True,
         "hit_turn_limit": False,
     }
     assert trajectory.metadata["summary"] == "checked the notes"
     assert len(trajectory.logs) == 4
+
+
+async def test_a_rollout_that_only_calls_complete_task_has_made_no_tool_call(
+    scripted_url: str, tool_server: MCPSession
+) -> None:
+    trajectory = await mcp_rollout(scripted("finisher", scripted_url), "Do nothing.", tool_server)
+    assert trajectory.metrics == trajectory.metrics | {
+        "turns": 1,
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "completed": True,
+    }
 
 
 async def test_a_timeout_and_an_oversize_result_become_messages_and_the_session_lives_on(

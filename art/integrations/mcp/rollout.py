@@ -3,7 +3,9 @@
 Each turn the model sees the conversation and every tool of the given sessions (plus
 the built-in `complete_task`). Its tool calls go to the session that owns the tool,
 and each result comes back as a `tool` message. The loop ends when the model answers
-without a call, calls `complete_task`, or reaches `max_turns`.
+without a call, calls `complete_task`, or reaches `max_turns`. Calling `complete_task`
+is recorded in `metrics['completed']`, never in `metrics['tool_calls']`, so a reward
+built on tool use does not pay a rollout that only quits.
 
 A bad call is data, not a crash: an unknown tool, arguments that are not a JSON
 object, a tool the server reports as failed, a timeout or a dropped connection each
@@ -111,8 +113,10 @@ async def mcp_rollout(
 
     The trajectory holds the conversation (the model's turns as `Choice`s, trainable),
     the tools offered as OpenAI schemas (so a judge sees them), the task in
-    `metadata['task']`, and metrics `turns`, `tool_calls`, `tool_errors`,
-    `tool_results_truncated`, `completed` (complete_task was called) and `hit_turn_limit`.
+    `metadata['task']`, and metrics `turns`, `tool_calls` (every call but the built-in
+    `complete_task`), `tool_errors`, `tool_results_truncated`, `completed` (whether
+    `complete_task` ended the rollout; its history mean is the completion rate) and
+    `hit_turn_limit`.
     Its reward is 0 until a scorer sets it.
     """
     config = config or MCPRolloutConfig()
@@ -154,8 +158,10 @@ async def mcp_rollout(
             answered = True
             break
         for call in calls:
-            counts["tool_calls"] += 1
             outcome = await _run_call(call, routes, config)
+            if not outcome.completes:
+                # quitting is not tool use: a reward on tool_calls must not pay for it
+                counts["tool_calls"] += 1
             if outcome.is_error:
                 counts["tool_errors"] += 1
                 trajectory.log(f"turn {counts['turns']}: {outcome.text}")
