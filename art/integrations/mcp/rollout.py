@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,6 +70,13 @@ class MCPRolloutConfig:
     """The system message that starts every rollout."""
     complete_task_tool: bool = True
     """Offer the built-in `complete_task` tool that ends the rollout."""
+    fresh_sessions: bool = False
+    """Give each rollout its own server: the rollout opens a new connection to each given
+    stdio session's command (a new server process, so nothing an earlier rollout did is
+    seen when the server keeps its state in the process, e.g. `--db :memory:`) and
+    closes it when done. The given sessions are templates and need not be open. HTTP
+    sessions are refused: a new connection reaches the same server and state. False:
+    every rollout uses the given sessions and sees what other rollouts changed."""
 
     def __post_init__(self) -> None:
         for field_name in ("max_turns", "max_tokens", "max_result_chars"):
@@ -117,10 +125,27 @@ async def mcp_rollout(
     `complete_task`), `tool_errors`, `tool_results_truncated`, `completed` (whether
     `complete_task` ended the rollout; its history mean is the completion rate) and
     `hit_turn_limit`.
-    Its reward is 0 until a scorer sets it.
+    Its reward is 0 until a scorer sets it. With `config.fresh_sessions` the rollout
+    runs on new server processes of its own, started from `sessions` and stopped at
+    its end.
     """
     config = config or MCPRolloutConfig()
     session_list = [sessions] if isinstance(sessions, MCPSession) else list(sessions)
+    if not config.fresh_sessions:
+        return await _rollout(model, scenario, session_list, config)
+    fresh = [session._fresh_copy() for session in session_list]
+    async with AsyncExitStack() as stack:
+        for session in fresh:
+            await stack.enter_async_context(session)
+        return await _rollout(model, scenario, fresh, config)
+
+
+async def _rollout(
+    model: Model,
+    scenario: str | GeneratedScenario,
+    session_list: list[MCPSession],
+    config: MCPRolloutConfig,
+) -> Trajectory:
     routes = await discover_tools(session_list)
     if config.complete_task_tool:
         routes_tools = [tool for tool, _ in routes.values()] + [COMPLETE_TASK_TOOL]
