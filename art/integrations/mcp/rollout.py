@@ -124,10 +124,10 @@ async def mcp_rollout(
     `metadata['task']`, and metrics `turns`, `tool_calls` (every call but the built-in
     `complete_task`), `tool_errors`, `tool_results_truncated`, `completed` (whether
     `complete_task` ended the rollout; its history mean is the completion rate) and
-    `hit_turn_limit`.
-    Its reward is 0 until a scorer sets it. With `config.fresh_sessions` the rollout
-    runs on new server processes of its own, started from `sessions` and stopped at
-    its end.
+    `hit_turn_limit`. Its reward is 0 until a scorer sets it.
+
+    With `config.fresh_sessions` the rollout runs on server processes of its own,
+    started from the commands of `sessions` and stopped when it ends.
     """
     config = config or MCPRolloutConfig()
     session_list = [sessions] if isinstance(sessions, MCPSession) else list(sessions)
