@@ -36,7 +36,12 @@ def _add_serve(subparsers: Any) -> None:
         "serve",
         help="serve and train models over HTTP (the server of ServerlessBackend)",
         description="Serve and train models over an authenticated HTTP API: the training "
-        "API ServerlessBackend speaks, and an OpenAI-compatible /v1 endpoint.",
+        "API ServerlessBackend speaks, and an OpenAI-compatible /v1 endpoint. It runs in "
+        "the foreground, logging each model registered or deleted, each training job's "
+        "start and end, and each rejected request to stderr. Stop it with Ctrl-C (SIGINT) "
+        "or SIGTERM: it finishes the requests in flight, then shuts its engines down; a training "
+        "job cut off by the stop is reported as failed after a restart, and its model "
+        "resumes from its latest checkpoint.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -117,9 +122,11 @@ def _serve(args: argparse.Namespace) -> int:
         placement=placement,
     )
     print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
-    # One warning line per rejected request (from art.serve) instead of an access log line
-    # for every request.
+    # From art.serve: one info line per model registered or deleted and per training job
+    # started or ended, one warning line per rejected request, instead of an access log
+    # line for every request. Other libraries' loggers stay at warning.
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("art.serve").setLevel(logging.INFO)
     try:
         uvicorn.run(
             app,

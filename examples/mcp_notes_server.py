@@ -6,6 +6,10 @@ reports how many notes there are.
 
     python examples/mcp_notes_server.py --db notes.db                  # stdio
     python examples/mcp_notes_server.py --db notes.db --http --port 8765  # http://127.0.0.1:8765/mcp
+    python examples/mcp_notes_server.py --db :memory:                 # a fresh store per process
+
+With `--db :memory:` each server process starts from the seed notes, which is what
+`MCPRolloutConfig(fresh_sessions=True)` needs to start every rollout from one state.
 """
 
 from __future__ import annotations
@@ -109,7 +113,11 @@ def build_server(db_path: str) -> MCPServer:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default="notes.db", help="SQLite file (created and seeded if new)")
+    parser.add_argument(
+        "--db",
+        default="notes.db",
+        help="SQLite file (created and seeded if new); ':memory:' for a store per process",
+    )
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP, not stdio")
     parser.add_argument("--port", type=int, default=8765)
     arguments = parser.parse_args()

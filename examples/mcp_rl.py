@@ -5,7 +5,10 @@
 2. Generate scenarios (tasks the tools can solve) with the model itself as the
    generator, through its OpenAI-compatible endpoint and structured output.
 3. Each step: roll out every scenario several times through the tool loop, rank each
-   group with RULER (the judge sees the server's tools), and train on the ranks.
+   group with RULER (the judge sees the server's tools), and train on the ranks. Each
+   rollout runs on its own notes server, started from the seed notes
+   (`fresh_sessions=True` with `--db :memory:`), so the rollouts of a group are compared
+   from the same state and no rollout sees what another added or deleted.
 4. Score the trained model on held-out scenarios without training (`evaluate`).
 
 By default the judge is the untrained base model, served beside ours by the same
@@ -42,7 +45,7 @@ BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SERVER = Path(__file__).resolve().parent / "mcp_notes_server.py"
 # "required": every turn is a tool call, so even a 135M model exercises the tools; the
 # built-in complete_task call is how it ends a rollout early.
-ROLLOUT = MCPRolloutConfig(max_turns=3, max_tokens=64, tool_choice="required")
+ROLLOUT = MCPRolloutConfig(max_turns=3, max_tokens=64, tool_choice="required", fresh_sessions=True)
 RUBRIC = (
     "Score higher the agent that calls tools which fit the task, with sensible "
     "arguments, avoids tool errors, and finishes with complete_task and a correct summary."
@@ -84,7 +87,8 @@ async def main(arguments: argparse.Namespace) -> None:
         }
     score = ruler_scorer(judge_model, judge_params, RUBRIC, swallow_exceptions=True)
 
-    server = MCPSession.stdio(sys.executable, [str(SERVER), "--db", str(run_dir / "notes.db")])
+    # Opened once to discover the tools; each rollout starts its own copy (ROLLOUT).
+    server = MCPSession.stdio(sys.executable, [str(SERVER), "--db", ":memory:"])
     async with server:
         tools = await server.list_tools()
         resources = await server.list_resources()

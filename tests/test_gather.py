@@ -8,6 +8,7 @@ import pytest
 from helpers import sampled_choice
 
 import art
+from art.core.metrics import group_metrics
 
 
 class Boom(Exception):
@@ -191,3 +192,60 @@ async def test_cancellation_is_not_swallowed_as_a_rollout_failure() -> None:
         await gathering
     # No rollout is left running, and none was counted as a failed rollout.
     assert all(task.done() and task.cancelled() for task in started)
+
+
+# --- the progress bar shows what history.jsonl will record ------------------------------
+
+
+async def measured(text: str, reward: float, calls: int) -> art.Trajectory:
+    await asyncio.sleep(0)
+    trajectory = art.Trajectory(messages_and_choices=[{"role": "user", "content": "q"}])
+    trajectory.messages_and_choices.append(sampled_choice(text))
+    trajectory.reward = reward
+    trajectory.metrics["calls"] = calls
+    return trajectory
+
+
+def bar_postfix(stderr: str) -> dict[str, str]:
+    """The `key=value` figures of the bar as last drawn (tqdm redraws after each '\\r')."""
+    last = stderr.strip().split("\r")[-1]
+    inside = last[last.rindex("[") + 1 : last.rindex("]")]
+    return dict(part.split("=", 1) for part in inside.split(", ") if "=" in part)
+
+
+async def test_the_bar_shows_the_means_that_history_records(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    groups = await art.gather_trajectory_groups(
+        [
+            art.TrajectoryGroup([measured("a b c d", 1.0, 2), measured("a b", 0.0, 0)]),
+            art.TrajectoryGroup([measured("a b c d e f", 0.5, 1), measured("a b c d", 0.5, 1)]),
+        ]
+    )
+    history = group_metrics(groups)  # the row model.log / model.train write
+    shown = bar_postfix(capsys.readouterr().err)
+    assert history["completion_tokens"] == 4.0  # a mean per trajectory, not the sum 16
+    assert shown == {"reward": "0.500", "calls": "1", "completion_tokens": "4.0"}
+
+
+async def test_the_bar_shows_no_reward_until_a_group_is_scored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def drop(group: art.TrajectoryGroup) -> None:
+        return None  # a judge that could score nothing
+
+    await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([measured("a b", 0.0, 1), measured("a", 0.0, 1)])], after_each=drop
+    )
+    assert bar_postfix(capsys.readouterr().err) == {}  # nothing kept, nothing to report
+
+    async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        for trajectory, reward in zip(group, (0.25, 0.75), strict=True):
+            trajectory.reward = reward
+        return group
+
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([measured("a b", 0.0, 1), measured("a", 0.0, 1)])], after_each=score
+    )
+    assert group_metrics(groups)["reward"] == 0.5
+    assert bar_postfix(capsys.readouterr().err)["reward"] == "0.500"

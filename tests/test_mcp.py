@@ -78,6 +78,8 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"tool_calls": [call("complete_task", {"summary": "added a note"})]},
     ],
     "quitter": [{"content": "I will not use any tool."}],
+    "reader": [{"tool_calls": [call("list_notes", {})]}, {"content": "Those are all."}],
+    "finisher": [{"tool_calls": [call("complete_task", {"summary": "nothing to do"})]}],
 }
 
 
@@ -331,6 +333,36 @@ async def test_8_concurrent_rollouts_share_one_session_per_server(
     assert tool_server.connected
 
 
+async def test_fresh_sessions_start_every_rollout_from_the_same_server_state(
+    scripted_url: str, http_notes: MCPSession
+) -> None:
+    writer, reader = scripted("writer", scripted_url), scripted("reader", scripted_url)
+    # the notes server keeps its store in the process: a new process starts from the seed
+    notes = MCPSession.stdio(sys.executable, [str(NOTES_SERVER), "--db", ":memory:"])
+
+    def first_result(trajectory: art.Trajectory) -> str:
+        return next(str(m["content"]) for m in trajectory.messages() if m["role"] == "tool")
+
+    async with notes:  # shared (the default): the second rollout sees the first one's note
+        await mcp_rollout(writer, "Add a note.", notes)
+        assert "from a rollout" in first_result(await mcp_rollout(reader, "List.", notes))
+
+    fresh = MCPRolloutConfig(fresh_sessions=True)
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(mcp_rollout(writer, "Add a note.", notes, fresh) for _ in range(3))],
+        pbar_desc=None,
+    )
+    # four seeded notes in each rollout's own store, so each adds note 5
+    assert [first_result(t) for t in groups[0]] == ["added note 5"] * 3
+    listing = first_result(await mcp_rollout(reader, "List my notes.", notes, fresh))
+    assert "from a rollout" not in listing
+    assert len(listing.splitlines()) == 4
+    assert not notes.connected  # a template: each rollout opened and closed its own
+
+    with pytest.raises(art.ConfigError, match="fresh_sessions"):
+        await mcp_rollout(reader, "List my notes.", http_notes, fresh)
+
+
 # --- bad calls are data ----------------------------------------------------------------
 
 
@@ -353,13 +385,25 @@ async def test_failing_tools_and_malformed_calls_are_recorded_and_the_rollout_go
     assert results[5] == "Task marked complete."
     assert trajectory.metrics == trajectory.metrics | {
         "turns": 6,
-        "tool_calls": 6,
+        "tool_calls": 5,  # the built-in complete_task is counted in `completed`, not here
         "tool_errors": 4,
         "completed": True,
         "hit_turn_limit": False,
     }
     assert trajectory.metadata["summary"] == "checked the notes"
     assert len(trajectory.logs) == 4
+
+
+async def test_a_rollout_that_only_calls_complete_task_has_made_no_tool_call(
+    scripted_url: str, tool_server: MCPSession
+) -> None:
+    trajectory = await mcp_rollout(scripted("finisher", scripted_url), "Do nothing.", tool_server)
+    assert trajectory.metrics == trajectory.metrics | {
+        "turns": 1,
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "completed": True,
+    }
 
 
 async def test_a_timeout_and_an_oversize_result_become_messages_and_the_session_lives_on(

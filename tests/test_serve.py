@@ -141,6 +141,34 @@ async def test_a_training_job_reports_events_a_client_can_resume_after(server: S
     assert all(isinstance(value, float) for value in gradient.values())
     assert ended["step"] == 1
     assert everything["status"] == "succeeded"
+    log = server.log()  # the job's start and end, on the server's stderr at info level
+    assert f"INFO:     art.serve: training job {job} of model serve~script started" in log
+    assert f"training job {job} of model serve~script finished: step 1" in log
+
+
+async def test_serve_logs_what_it_did_and_stops_cleanly_on_ctrl_c(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running = Server(tmp_path / ".art")
+    try:
+        await art.Model(name="plain", project="logs").register(
+            ServerlessBackend(base_url=running.url, api_key=KEY)
+        )
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+            deleted = await http.delete(
+                "/preview/models/logs~plain", headers={"Authorization": f"Bearer {KEY}"}
+            )
+        assert deleted.status_code == 200
+    finally:
+        running.stop(signal.SIGINT)  # what Ctrl-C sends
+    assert running.process.returncode == 0
+    log = running.log()
+    assert "INFO:     art.serve: model logs~plain registered (not trainable)" in log
+    assert "INFO:     art.serve: model logs~plain deleted" in log
+    assert "Traceback" not in log
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    assert "Ctrl-C" in capsys.readouterr().out
 
 
 async def test_requests_without_the_key_or_too_big_or_malformed_are_refused(

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -376,6 +377,24 @@ def test_art_show_writes_the_page_and_opens_it_in_the_users_browser(
     out = tmp_path / "elsewhere" / "run.html"
     assert main(["show", str(art_path / "demo"), "--out", str(out), "--no-open"]) == 0
     assert "val/reward" in out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
+def test_art_show_writes_a_page_readable_as_the_users_umask_says(
+    art_path: Path, umask: int, mode: int
+) -> None:
+    ModelStore(art_path, "demo", "agent").append_history(0, {"val/reward": 1.0})
+    page = art_path / "demo" / "viewer.html"
+    for _ in range(2):  # a new page, then one written over it
+        subprocess.run(
+            [sys.executable, "-m", "art", "show", str(art_path), "--no-open"],
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            umask=umask,
+            timeout=120,
+            check=True,
+        )
+        assert stat.S_IMODE(page.stat().st_mode) == mode
 
 
 def test_art_show_names_the_path_when_there_is_no_run(

@@ -34,13 +34,21 @@ T = TypeVar("T")
 
 @dataclass
 class _Progress:
-    """Running totals of one gather, shared by all its rollouts."""
+    """Running figures of one gather, shared by all its rollouts.
+
+    The bar shows what `history.jsonl` will record for the groups kept so far (see
+    `metrics.py`): the mean reward, mean sampled tokens per trajectory, and the mean of
+    each trajectory metric. With `scored` (an `after_each` is given) a trajectory counts
+    once its group comes back from `after_each`, so a reward is shown only once one has
+    been scored; otherwise it counts when its rollout finishes.
+    """
 
     total: int
     max_exceptions: int | float
     bar: tqdm[Any] | None = None
-    trajectories: int = 0
+    scored: bool = False
     exceptions: int = 0
+    trajectories: int = 0  # counted in the figures below
     reward_sum: float = 0.0
     completion_tokens: int = 0
     counts_tokens: bool = True
@@ -49,6 +57,19 @@ class _Progress:
     metric_counts: dict[str, int] = field(default_factory=dict)
 
     def add_trajectory(self, trajectory: Trajectory) -> None:
+        """A rollout finished."""
+        if not self.scored:
+            self._count(trajectory)
+        self._refresh(advance=1)
+
+    def add_kept(self, groups: list[TrajectoryGroup]) -> None:
+        """`after_each` returned these groups, scored."""
+        for group in groups:
+            for trajectory in group.trajectories:
+                self._count(trajectory)
+        self._refresh(advance=0)
+
+    def _count(self, trajectory: Trajectory) -> None:
         self.trajectories += 1
         self.reward_sum += trajectory.reward
         self.completion_tokens += completion_tokens(trajectory)
@@ -56,7 +77,6 @@ class _Progress:
             if isinstance(value, int | float):  # bools count as 0/1, as in the history
                 self.metric_sums[key] = self.metric_sums.get(key, 0.0) + float(value)
                 self.metric_counts[key] = self.metric_counts.get(key, 0) + 1
-        self._refresh(advance=1)
 
     def add_exception(self, error: BaseException) -> None:
         """Count a failed rollout; re-raise it once the budget is spent."""
@@ -75,20 +95,24 @@ class _Progress:
             return self.exceptions > math.floor(self.max_exceptions * self.total)
         return self.exceptions > self.max_exceptions
 
-    def _refresh(self, advance: int) -> None:
-        if self.bar is None:
-            return
+    def postfix(self) -> dict[str, Any]:
+        """The figures the bar shows, named as in `history.jsonl`."""
         postfix: dict[str, Any] = {}
         if self.trajectories:
             postfix["reward"] = f"{self.reward_sum / self.trajectories:.3f}"
-        shown = list(self.metric_sums)[: self.max_metrics]
-        for key in shown:
-            postfix[key] = f"{self.metric_sums[key] / self.metric_counts[key]:.3g}"
+        for key in list(self.metric_sums)[: self.max_metrics]:
+            # as in the history row, a trajectory metric never hides a group figure
+            postfix.setdefault(key, f"{self.metric_sums[key] / self.metric_counts[key]:.3g}")
         if self.exceptions:
             postfix["exceptions"] = self.exceptions
         if self.counts_tokens and self.completion_tokens:
-            postfix["completion_tokens"] = self.completion_tokens
-        self.bar.set_postfix(postfix, refresh=False)
+            postfix["completion_tokens"] = f"{self.completion_tokens / self.trajectories:.1f}"
+        return postfix
+
+    def _refresh(self, advance: int) -> None:
+        if self.bar is None:
+            return
+        self.bar.set_postfix(self.postfix(), refresh=False)
         self.bar.update(advance)
 
 
@@ -222,7 +246,8 @@ async def gather_trajectory_groups(
     Args:
         groups: `art.TrajectoryGroup(rollout(...) for _ in range(n))` per scenario.
         pbar_desc: progress bar label; None shows no bar.
-        pbar_total_completion_tokens: show the running count of sampled tokens.
+        pbar_total_completion_tokens: show the mean sampled tokens per trajectory
+            (`completion_tokens` in `history.jsonl`).
         max_exceptions: how many rollouts may raise (an int count, or a float fraction
             of all rollouts) before the gather raises the last one.
         max_metrics: how many of the trajectories' metrics the bar shows (their running
@@ -230,6 +255,11 @@ async def gather_trajectory_groups(
         after_each: awaited with each finished group; returns the group (or a new one,
             or a list of groups) to keep, or None to drop it. Runs while other groups
             are still rolling out, so scoring overlaps generation.
+
+    The bar shows the figures `model.log`/`model.train` will record for the groups
+    kept so far: the mean reward, mean sampled tokens and the mean of each trajectory
+    metric. With `after_each` they cover only groups it has returned, so no reward is
+    shown before the first group is scored.
     """
     _check_max_exceptions(max_exceptions)
     if max_metrics is not None and (
@@ -246,6 +276,7 @@ async def gather_trajectory_groups(
         max_exceptions=max_exceptions,
         counts_tokens=pbar_total_completion_tokens,
         max_metrics=max_metrics,
+        scored=after_each is not None,
     )
     if pbar_desc is not None:
         progress.bar = tqdm(total=progress.total, desc=pbar_desc, unit="rollout")
@@ -262,9 +293,9 @@ async def gather_trajectory_groups(
         if after_each is None:
             return [done]
         kept = await after_each(done)
-        if kept is None:
-            return []
-        return kept if isinstance(kept, list) else [kept]
+        groups = [] if kept is None else kept if isinstance(kept, list) else [kept]
+        progress.add_kept(groups)
+        return groups
 
     token = _progress.set(progress)
     try:

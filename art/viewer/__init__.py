@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.storage import write_text_atomic
+from ..core.storage import atomic_path
 from ._page import render_page
 from ._read import RunLocation, locate, read_project
 
@@ -32,12 +32,21 @@ def write_page(
     project: str | None = None,
     out: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Write the page atomically to `out` (default `<path>/<project>/viewer.html`)."""
+    """Write the page atomically to `out` (default `<path>/<project>/viewer.html`).
+
+    The page gets the mode any new file of the user gets (0644 under the usual umask 022).
+    """
     location = locate(path, project)
     target = (
         Path(out) if out is not None else location.base_path / location.project / DEFAULT_PAGE_NAME
     )
-    write_text_atomic(target, render_page(read_project(location)))
+    page = render_page(read_project(location))
+    with atomic_path(target) as tmp:
+        # The temporary file is mkstemp's, mode 0600; made again with open(), the kernel
+        # applies the umask, so the page is as readable as a file the user writes.
+        tmp.unlink()
+        with tmp.open("x", encoding="utf-8") as file:
+            file.write(page)
     return target
 
 

@@ -22,12 +22,14 @@ service. Every route but `GET /health` needs `Authorization: Bearer <key>` (see
 A model's id is `project~name`. Errors are `{"error": {"message", "type", "param",
 "code"}}` with `param` the JSON path of the offending field; an `art` input error adds
 its `problem` and `fix`, so the client raises it again as itself. Each rejected request
-is one warning line in the server's log.
+is one warning line in the server's log (logger `art.serve`); each model registered or
+deleted, and each training job's start and end (`jobs`), one info line naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any, Literal
 
@@ -54,6 +56,8 @@ from .schemas import (
     TrainingJobCreate,
 )
 from .state import ArtServer, describe, parse_groups, valid_names
+
+logger = logging.getLogger("art.serve")
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 _MAX_POLL_SECONDS = 30.0
@@ -85,7 +89,17 @@ def build_server_app(
 
     @app.post("/v1/preview/models")
     async def create_model(body: ModelCreate) -> dict[str, Any]:
-        return await asyncio.to_thread(server.register, body)
+        model = await asyncio.to_thread(server.register, body)
+        if model["trainable"]:
+            logger.info(
+                "model %s registered (base model %s, step %d)",
+                model["id"],
+                model["base_model"],
+                model["step"],
+            )
+        else:
+            logger.info("model %s registered (not trainable)", model["id"])
+        return model
 
     @app.get("/v1/preview/models/{model_id}")
     async def get_model(model_id: str) -> dict[str, Any]:
@@ -94,7 +108,9 @@ def build_server_app(
 
     @app.delete("/v1/preview/models/{model_id}")
     async def delete_model(model_id: str) -> dict[str, Any]:
-        return await asyncio.to_thread(server.delete, model_id)
+        deleted = await asyncio.to_thread(server.delete, model_id)
+        logger.info("model %s deleted (%d checkpoints)", model_id, deleted["deleted_checkpoints"])
+        return deleted
 
     @app.post("/v1/preview/models/{model_id}/log")
     async def log(model_id: str, body: LogRequest) -> dict[str, Any]:

@@ -15,6 +15,7 @@ reported as failed, and its model's step is its latest checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import uuid
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...core.errors import ArtValueError, TrainingError
+
+logger = logging.getLogger("art.serve")
 
 EventType = Literal["training_started", "gradient_step", "training_ended", "training_failed"]
 _FINAL = ("training_ended", "training_failed")
@@ -111,13 +114,29 @@ class TrainingJob:
     def run(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
         """Run `step` (returning the new step and its metrics), emitting the job's events."""
         self.emit("training_started", {"num_sequences": self.num_sequences})
+        logger.info(
+            "training job %s of model %s started (%d sequences)",
+            self.id,
+            self.model_id,
+            self.num_sequences,
+        )
         try:
             new_step, metrics = step()
         except BaseException as error:  # reported to the client, which raises it
             self.emit("training_failed", error_data(error))
+            logger.warning(
+                "training job %s of model %s failed: %s: %s",
+                self.id,
+                self.model_id,
+                type(error).__name__,
+                error,
+            )
             return
         self.emit("gradient_step", {k: float(v) for k, v in metrics.items()})
         self.emit("training_ended", {"step": new_step})
+        logger.info(
+            "training job %s of model %s finished: step %d", self.id, self.model_id, new_step
+        )
 
     def start(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
         threading.Thread(target=self.run, args=(step,), name=self.id, daemon=True).start()

@@ -3,7 +3,9 @@
 Each turn the model sees the conversation and every tool of the given sessions (plus
 the built-in `complete_task`). Its tool calls go to the session that owns the tool,
 and each result comes back as a `tool` message. The loop ends when the model answers
-without a call, calls `complete_task`, or reaches `max_turns`.
+without a call, calls `complete_task`, or reaches `max_turns`. Calling `complete_task`
+is recorded in `metrics['completed']`, never in `metrics['tool_calls']`, so a reward
+built on tool use does not pay a rollout that only quits.
 
 A bad call is data, not a crash: an unknown tool, arguments that are not a JSON
 object, a tool the server reports as failed, a timeout or a dropped connection each
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,6 +70,13 @@ class MCPRolloutConfig:
     """The system message that starts every rollout."""
     complete_task_tool: bool = True
     """Offer the built-in `complete_task` tool that ends the rollout."""
+    fresh_sessions: bool = False
+    """Give each rollout its own server: the rollout opens a new connection to each given
+    stdio session's command (a new server process, so nothing an earlier rollout did is
+    seen when the server keeps its state in the process, e.g. `--db :memory:`) and
+    closes it when done. The given sessions are templates and need not be open. HTTP
+    sessions are refused: a new connection reaches the same server and state. False:
+    every rollout uses the given sessions and sees what other rollouts changed."""
 
     def __post_init__(self) -> None:
         for field_name in ("max_turns", "max_tokens", "max_result_chars"):
@@ -111,12 +121,31 @@ async def mcp_rollout(
 
     The trajectory holds the conversation (the model's turns as `Choice`s, trainable),
     the tools offered as OpenAI schemas (so a judge sees them), the task in
-    `metadata['task']`, and metrics `turns`, `tool_calls`, `tool_errors`,
-    `tool_results_truncated`, `completed` (complete_task was called) and `hit_turn_limit`.
-    Its reward is 0 until a scorer sets it.
+    `metadata['task']`, and metrics `turns`, `tool_calls` (every call but the built-in
+    `complete_task`), `tool_errors`, `tool_results_truncated`, `completed` (whether
+    `complete_task` ended the rollout; its history mean is the completion rate) and
+    `hit_turn_limit`. Its reward is 0 until a scorer sets it.
+
+    With `config.fresh_sessions` the rollout runs on server processes of its own,
+    started from the commands of `sessions` and stopped when it ends.
     """
     config = config or MCPRolloutConfig()
     session_list = [sessions] if isinstance(sessions, MCPSession) else list(sessions)
+    if not config.fresh_sessions:
+        return await _rollout(model, scenario, session_list, config)
+    fresh = [session._fresh_copy() for session in session_list]
+    async with AsyncExitStack() as stack:
+        for session in fresh:
+            await stack.enter_async_context(session)
+        return await _rollout(model, scenario, fresh, config)
+
+
+async def _rollout(
+    model: Model,
+    scenario: str | GeneratedScenario,
+    session_list: list[MCPSession],
+    config: MCPRolloutConfig,
+) -> Trajectory:
     routes = await discover_tools(session_list)
     if config.complete_task_tool:
         routes_tools = [tool for tool, _ in routes.values()] + [COMPLETE_TASK_TOOL]
@@ -154,8 +183,10 @@ async def mcp_rollout(
             answered = True
             break
         for call in calls:
-            counts["tool_calls"] += 1
             outcome = await _run_call(call, routes, config)
+            if not outcome.completes:
+                # quitting is not tool use: a reward on tool_calls must not pay for it
+                counts["tool_calls"] += 1
             if outcome.is_error:
                 counts["tool_errors"] += 1
                 trajectory.log(f"turn {counts['turns']}: {outcome.text}")

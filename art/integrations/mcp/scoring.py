@@ -7,7 +7,6 @@ overlaps the rollouts still running.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -147,12 +146,13 @@ async def evaluate(
         ),
         pbar_desc=pbar_desc,
         max_exceptions=max_exceptions,
+        # scored as each group finishes, so the bar shows rewards, not the rollouts' 0
+        after_each=lambda group: _score(scorer, group),
     )
-    scored = await asyncio.gather(*(_score(scorer, group) for group in groups))
     return MCPEvaluation(
         [
             ScenarioResult(scenario, group.trajectories, group.exceptions)
-            for scenario, group in zip(scenario_list, scored, strict=True)
+            for scenario, group in zip(scenario_list, groups, strict=True)
         ]
     )
 

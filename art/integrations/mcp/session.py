@@ -3,6 +3,12 @@
 The `mcp` SDK's `Client` multiplexes requests over one connection (JSON-RPC ids), so
 many rollouts may call tools on one `MCPSession` at once. Open it with `async with`
 in the task that also closes it (the SDK's transports are anyio task groups).
+
+A shared session shares the server's state too: a note one rollout adds is there for
+the next. For rollouts that each start from the same state, pass
+`MCPRolloutConfig(fresh_sessions=True)`: every rollout then starts its own server
+process from the session's stdio command (which must keep its state in that process,
+e.g. the notes server's `--db :memory:`) and stops it when it ends.
 """
 
 from __future__ import annotations
@@ -157,6 +163,19 @@ class MCPSession:
             await runner
         except Exception as error:  # the server failed earlier; closing must still finish
             logger.warning("MCP server %r ended with an error: %r", self.name, error)
+
+    def _fresh_copy(self) -> MCPSession:
+        """An unopened session to a new instance of this server (for `fresh_sessions`)."""
+        if isinstance(self._server, str):
+            raise ConfigError(
+                "fresh_sessions",
+                f"session {self.name!r} reaches a running server over HTTP, and a new "
+                "connection to it sees the same state",
+                "Pass MCPSession.stdio(...) sessions (each rollout starts its own server "
+                "process), or reset the HTTP server's state yourself and leave "
+                "fresh_sessions=False",
+            )
+        return MCPSession(self._server, name=self.name, timeout=self.timeout)
 
     @property
     def connected(self) -> bool:
