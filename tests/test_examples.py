@@ -75,6 +75,9 @@ def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
 
 
+# Liveness only, as the subprocess's own limit: scenario generation, rollouts, RULER and a
+# step of the default model, on 2 cores shared with the rest of the suite.
+@pytest.mark.timeout(1200)
 def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
     tmp_path: Path,
 ) -> None:
