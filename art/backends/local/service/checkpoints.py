@@ -13,14 +13,17 @@ meets its old name still being unloaded. `drop` (a model deleted, its checkpoint
 directories removed) unloads whatever the leases: the engine lets running rows finish
 and fails waiting requests with `AdapterGone`.
 
-Lock: `_lock` guards the tables and is held while an adapter loads (so one checkpoint
-is loaded once); adapters are unloaded after it is released, since unloading waits for
-the requests still sampling with them.
+Lock: `_lock` guards the tables and is held only briefly, never while an adapter loads
+or unloads: `release()` runs on the endpoint's event loop, which must not wait for a
+batch. One request loads a checkpoint while the others asking for it wait on its
+`_Loading` event; the adapters a release evicts are unloaded on a thread of their own
+(unloading waits for the requests still sampling with them).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines.base import Engine
+
+logger = logging.getLogger("art.service")
 
 
 @dataclass(frozen=True)
@@ -44,23 +49,41 @@ class CheckpointCache:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._loaded: OrderedDict[tuple[str, int], str] = OrderedDict()  # LRU first
+        self._loading: dict[tuple[str, int], threading.Event] = {}  # set once it is loaded
         self._leases: Counter[str] = Counter()  # adapter -> requests holding it
         self._lock = threading.Lock()
         self._names = itertools.count()
 
     def lease(self, engine: Engine, owner: str, step: int, directory: Path) -> Lease:
         """Hold checkpoint `step` of `owner` (a model's adapter name), loading it if needed."""
-        with self._lock:
-            key = (owner, step)
-            adapter = self._loaded.get(key)
-            if adapter is None:
-                adapter = f"{owner}_step{step}_{next(self._names)}"
+        key = (owner, step)
+        while True:
+            with self._lock:
+                adapter = self._loaded.get(key)
+                if adapter is not None:
+                    self._loaded.move_to_end(key)
+                    self._leases[adapter] += 1
+                    return self._lease(engine, adapter)
+                loading = self._loading.get(key)
+                if loading is None:  # this request loads it
+                    self._loading[key] = threading.Event()
+                    adapter = f"{owner}_step{step}_{next(self._names)}"
+            if loading is not None:
+                loading.wait()  # loaded (or failed) by another request: look again
+                continue
+            try:
                 engine.load_adapter(adapter, directory)
+            finally:  # loaded or failed, those waiting look again
+                with self._lock:
+                    self._loading.pop(key).set()
+            with self._lock:
                 self._loaded[key] = adapter
-            self._loaded.move_to_end(key)
-            self._leases[adapter] += 1
-            evicted = self._evict()
-        self._unload(engine, evicted)
+                self._leases[adapter] += 1
+                evicted = self._evict()
+            self._unload(engine, evicted)
+            return self._lease(engine, adapter)
+
+    def _lease(self, engine: Engine, adapter: str) -> Lease:
         released = threading.Event()
 
         def release() -> None:
@@ -72,7 +95,10 @@ class CheckpointCache:
                 if self._leases[adapter] <= 0:
                     del self._leases[adapter]
                 gone = self._evict()
-            self._unload(engine, gone)
+            if gone:  # the caller may be an event loop: unloading waits for batches
+                threading.Thread(
+                    target=self._unload_logged, args=(engine, gone), name="art-unload", daemon=True
+                ).start()
 
         return Lease(adapter, release)
 
@@ -115,6 +141,14 @@ class CheckpointCache:
     def _unload(engine: Engine, adapters: list[str]) -> None:
         for adapter in adapters:  # each waits for the requests still sampling with it
             engine.unload_adapter(adapter)
+
+    @classmethod
+    def _unload_logged(cls, engine: Engine, adapters: list[str]) -> None:
+        """`_unload` on a thread of its own, where an error has no caller to reach."""
+        try:
+            cls._unload(engine, adapters)
+        except Exception:
+            logger.exception("could not unload checkpoint adapters %s", adapters)
 
 
 __all__ = ["CheckpointCache", "Lease"]
