@@ -59,15 +59,15 @@ class CheckpointCache:
         key = (owner, step)
         while True:
             with self._lock:
-                adapter = self._loaded.get(key)
-                if adapter is not None:
+                loaded = self._loaded.get(key)
+                if loaded is not None:
                     self._loaded.move_to_end(key)
-                    self._leases[adapter] += 1
-                    return self._lease(engine, adapter)
+                    self._leases[loaded] += 1
+                    return self._lease(engine, loaded)
                 loading = self._loading.get(key)
                 if loading is None:  # this request loads it
                     self._loading[key] = threading.Event()
-                    adapter = f"{owner}_step{step}_{next(self._names)}"
+                adapter = f"{owner}_step{step}_{next(self._names)}"
             if loading is not None:
                 loading.wait()  # loaded (or failed) by another request: look again
                 continue
