@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class VLLMEngine:
         self._state = threading.Condition()
         self._pausing = False
         self._restarting: threading.Thread | None = None
-        self._clients: dict[int, httpx.AsyncClient] = {}  # one per event loop
+        self._clients = _LoopClients(self._new_client)
         server.start()
 
     # --- serving ------------------------------------------------------------------------
@@ -211,17 +211,15 @@ class VLLMEngine:
         return sample
 
     def _client(self) -> httpx.AsyncClient:
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(
-                base_url=self.server.base_url,
-                headers={"Authorization": f"Bearer {self.server.api_key}"},
-                timeout=_TIMEOUT,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            )
-            self._clients[loop] = client
-        return client
+        return self._clients.get()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.server.base_url,
+            headers={"Authorization": f"Bearer {self.server.api_key}"},
+            timeout=_TIMEOUT,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
     # --- the server's lifecycle ---------------------------------------------------------
 
@@ -297,6 +295,31 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.server.stop()
+        self._clients.close()
+
+
+class _LoopClients:
+    """One httpx client per event loop: a client's connections belong to its loop."""
+
+    def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
+        self._make = make
+        self._clients: dict[int, httpx.AsyncClient] = {}
+
+    def get(self) -> httpx.AsyncClient:
+        """The running loop's client, made on first use (or once it was closed)."""
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            client = self._make()
+            self._clients[loop] = client
+        return client
+
+    def clear(self) -> None:
+        """Forget every client: each loop makes a new one on its next request."""
+        self._clients.clear()
+
+    def close(self) -> None:
+        """Close every client."""
         for client in self._clients.values():
             with contextlib.suppress(Exception):
                 asyncio.run(client.aclose())
