@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "ModelNotRegisteredError": "art.core.errors",
     "NotBuiltError": "art.core.errors",
     "RolloutError": "art.core.errors",
+    "StorageError": "art.core.errors",
     "TrainingError": "art.core.errors",
     "TrajectoryValidationError": "art.core.errors",
     "LocalBackend": "art.backends.local",
@@ -121,6 +122,9 @@ if TYPE_CHECKING:
     )
     from .core.errors import (
         RolloutError as RolloutError,
+    )
+    from .core.errors import (
+        StorageError as StorageError,
     )
     from .core.errors import (
         TrainingError as TrainingError,

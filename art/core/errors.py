@@ -10,6 +10,8 @@
     ├── JudgeError                               an LLM judge (RULER) that answered unusably
     ├── BackendError                             a backend that failed or cannot be reached
     ├── TrainingError                            a training step that failed (`step`: the step it was making)
+    ├── StorageError                             a file or directory that could not be written
+    │                                            (`path`; a full disk: `free_bytes`, `needed_bytes`)
     ├── MCPConnectionError                       an MCP server that could not be started or reached
     │                                            (art.integrations.mcp.session)
     ├── ScenarioGenerationError                  MCP scenarios the generator model could not write
@@ -106,3 +108,27 @@ class TrainingError(ArtError):
 
 def _training_error(message: str, step: int | None) -> TrainingError:
     return TrainingError(message, step=step)
+
+
+class StorageError(ArtError):
+    """A file or directory under the art path could not be written: a full disk, or the
+    OS's reason. `path` is what was being written, `free_bytes` the space free on its
+    filesystem afterwards, `needed_bytes` an estimate of what the write needed (None: no
+    estimate); the message says where the estimate comes from and what to do."""
+
+    def __init__(
+        self, message: str, *, path: str, free_bytes: int, needed_bytes: int | None
+    ) -> None:
+        self.path = path
+        self.free_bytes = free_bytes
+        self.needed_bytes = needed_bytes
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _storage_error, (str(self), self.path, self.free_bytes, self.needed_bytes)
+
+
+def _storage_error(
+    message: str, path: str, free_bytes: int, needed_bytes: int | None
+) -> StorageError:
+    return StorageError(message, path=path, free_bytes=free_bytes, needed_bytes=needed_bytes)

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, TrajectoryValidationError
+from .errors import ConfigError, StorageError, TrajectoryValidationError
 from .trajectories import TrajectoryGroup
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
@@ -81,12 +81,22 @@ def write_text_atomic(target: Path, text: str) -> None:
 
 
 def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
-    """Build a directory with `fill(tmp_dir)` and rename it onto `target` in one step."""
+    """Build a directory with `fill(tmp_dir)` and rename it onto `target` in one step.
+
+    A write the disk refuses (an `OSError`: a full disk, a quota, a permission) raises
+    `StorageError` naming the directory, the reason, the free space and the space needed;
+    the temporary directory is removed and `target` is left as it was. `fill` should
+    write through Python file objects: torch and safetensors given a path raise their
+    own errors instead (`RuntimeError: ... unexpected pos` for a full disk).
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        fill(tmp)
-        fsync_tree(tmp)
+        try:
+            fill(tmp)
+            fsync_tree(tmp)
+        except OSError as error:
+            raise _write_failure(target, tmp, error) from error
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -99,6 +109,46 @@ def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
             fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_failure(target: Path, tmp: Path, error: OSError) -> StorageError:
+    """The error for `error`, raised while filling `tmp` for `target`. Removes `tmp` first,
+    so the free space it reports is what the failed write left."""
+    written = _tree_size(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(target.parent).free
+    previous = _previous_version(target)
+    if previous is not None:
+        needed: int | None = _tree_size(previous)
+        estimate = f"about {needed:,} bytes (the size of {previous}, the one before it)"
+    else:
+        needed = None
+        estimate = f"more than the {written:,} bytes written before it failed"
+    return StorageError(
+        f"cannot write {target}: {error.strerror or error}. Its filesystem has {free:,} "
+        f"bytes free; the write needs {estimate}. Free space there (or point the "
+        f"backend's `path` at a larger disk) and try again: nothing already saved changed",
+        path=str(target),
+        free_bytes=free,
+        needed_bytes=needed,
+    )
+
+
+def _previous_version(target: Path) -> Path | None:
+    """`target` as it is, or else the last directory beside it by name (checkpoints are
+    named by step, so: the previous checkpoint); None when there is neither."""
+    if target.is_dir():
+        return target
+    siblings = [
+        entry
+        for entry in target.parent.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".")
+    ]
+    return max(siblings, default=None)
+
+
+def _tree_size(root: Path) -> int:
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
 
 
 def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None:

@@ -10,7 +10,6 @@ renders earlier calls, so a multi-turn conversation reads the way the model wrot
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,35 +106,53 @@ class ParsedOutput:
     call_ends: list[int] = field(default_factory=list)  # where each call's block ends in the text
 
 
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_DECODER = json.JSONDecoder()
 
 
 def parse_tool_calls(text: str) -> ParsedOutput:
     """Find `<tool_call>{json}</tool_call>` blocks; any malformed block leaves the text as is.
 
-    A call is well formed when its JSON has a string `name` and object `arguments` (or a
-    JSON string of an object). Text before the first call is kept as content.
+    A block's JSON value is read whole, so `</tool_call>` inside one of its strings does
+    not end it; after the value comes optional whitespace, then `</tool_call>` or the end
+    of the text. A call is well formed when its JSON has a string `name` and object
+    `arguments` (or a JSON string of an object). Text before the first call is kept as
+    content; text between calls is dropped.
     """
-    start = text.find("<tool_call>")
+    start = text.find(_OPEN)
     if start < 0:
         return ParsedOutput(text, [])
     calls: list[dict[str, Any]] = []
     ends: list[int] = []
-    for match in _CALL.finditer(text, start):
-        call = _parse_call(match.group(1))
+    at = start
+    while at >= 0:
+        body = _skip_space(text, at + len(_OPEN))
+        try:
+            value, end = _DECODER.raw_decode(text, body)
+        except json.JSONDecodeError:
+            return ParsedOutput(text, [])
+        end = _skip_space(text, end)
+        if text.startswith(_CLOSE, end):
+            end += len(_CLOSE)
+        elif end < len(text):
+            return ParsedOutput(text, [])
+        call = _parse_call(value)
         if call is None:
             return ParsedOutput(text, [])
         calls.append(call)
-        ends.append(match.end())
+        ends.append(end)
+        at = text.find(_OPEN, end)
     content = text[:start].strip()
     return ParsedOutput(content or None, calls, ends)
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
-    try:
-        parsed = json.loads(body.strip())
-    except json.JSONDecodeError:
-        return None
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def _parse_call(parsed: Any) -> dict[str, Any] | None:
     if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
         return None
     arguments = parsed.get("arguments", {})
@@ -146,8 +163,13 @@ def _parse_call(body: str) -> dict[str, Any] | None:
             return None
     if not isinstance(arguments, dict):
         return None
+    return tool_call(parsed["name"], arguments)
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI `tool_calls` entry calling `name` with `arguments`, with a fresh id."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": parsed["name"], "arguments": json.dumps(arguments)},
+        "function": {"name": name, "arguments": json.dumps(arguments)},
     }

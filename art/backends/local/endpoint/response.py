@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.base import Engine, Sample, SamplingParams
-from .chat_format import parse_tool_calls
+from .chat_format import parse_tool_calls, tool_call
 from .request import ChatCompletionRequest
 
 logger = logging.getLogger("art.endpoint")
@@ -116,8 +116,7 @@ def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
         return []
     if not isinstance(arguments, dict):
         return []
-    call = {"name": name, "arguments": arguments}
-    return parse_tool_calls(f"<tool_call>{json.dumps(call)}</tool_call>").tool_calls
+    return [tool_call(name, arguments)]
 
 
 def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from tqdm.auto import tqdm
 
 from ....core import dev
@@ -343,12 +343,15 @@ class PeftTrainer:
             adapter_name=self.adapter,
             save_embedding_layers=any(name in ("embed_tokens", "lm_head") for name in targets),
         )
-        save_file(
-            {key: value.detach().contiguous() for key, value in weights.items()},
-            directory / "adapter_model.safetensors",
-        )
+        # Written through our own file objects, so a full disk raises OSError (which
+        # `replace_dir_atomic` explains): given a path, safetensors raises its own error
+        # and torch fails with `unexpected pos`, leaving the file open while it is alive.
+        tensors = {key: value.detach().contiguous() for key, value in weights.items()}
+        with open(directory / "adapter_model.safetensors", "wb") as file:
+            file.write(safetensors_bytes(tensors))
         config.save_pretrained(str(directory))
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        with open(directory / "optimizer.pt", "wb") as file:
+            torch.save(self.optimizer.state_dict(), file)
 
     def load_optimizer(self, directory: Path) -> bool:
         """Restore the optimizer state saved in `directory`; False when there is none."""

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ class VLLMEngine:
         self._state = threading.Condition()
         self._pausing = False
         self._restarting: threading.Thread | None = None
-        self._clients: dict[int, httpx.AsyncClient] = {}  # one per event loop
+        self._clients = _LoopClients(self._new_client)
         server.start()
 
     # --- serving ------------------------------------------------------------------------
@@ -220,17 +220,15 @@ class VLLMEngine:
         return sample
 
     def _client(self) -> httpx.AsyncClient:
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(
-                base_url=self.server.base_url,
-                headers={"Authorization": f"Bearer {self.server.api_key}"},
-                timeout=_TIMEOUT,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            )
-            self._clients[loop] = client
-        return client
+        return self._clients.get()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.server.base_url,
+            headers={"Authorization": f"Bearer {self.server.api_key}"},
+            timeout=_TIMEOUT,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
 
     # --- the server's lifecycle ---------------------------------------------------------
 
@@ -314,10 +312,63 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.server.stop()
-        for client in self._clients.values():
-            with contextlib.suppress(Exception):
-                asyncio.run(client.aclose())
-        self._clients.clear()
+        self._clients.close()
+
+
+class _LoopClients:
+    """One httpx client per event loop: a client's connections belong to its loop.
+
+    Clients are keyed by the loop object, never by `id(loop)`: a closed loop's id can be
+    given to a later loop, which would then get a client bound to a dead loop. Holding
+    the loop keeps it (and its id) alive while its client is kept; clients of closed
+    loops are dropped on the next `get`.
+    """
+
+    def __init__(self, make: Callable[[], httpx.AsyncClient]) -> None:
+        self._make = make
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._lock = threading.Lock()  # loops in several threads share the engine
+
+    def get(self) -> httpx.AsyncClient:
+        """The running loop's client, made on first use (or once it was closed)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for closed in [other for other in self._clients if other.is_closed()]:
+                del self._clients[closed]  # see `close` on why they cannot be closed
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                client = self._clients[loop] = self._make()
+            return client
+
+    def clear(self) -> None:
+        """Forget every client: each loop makes a new one on its next request."""
+        with self._lock:
+            self._clients.clear()
+
+    def close(self) -> None:
+        """Close each client on its own loop; a client of a closed loop is dropped.
+
+        Only a client's own loop can close its connections. A closed loop cannot run
+        `aclose()` (`RuntimeError: Event loop is closed`), so those sockets close when the
+        client is collected. A running loop (the endpoint's thread, or this very thread,
+        as in a Ray actor's `close`) gets the close as a task; a stopped one runs it here.
+        """
+        with self._lock:
+            clients, self._clients = self._clients, {}
+        for loop, client in clients.items():
+            if loop.is_closed():
+                continue
+            if not loop.is_running():
+                loop.run_until_complete(client.aclose())
+                continue
+            closing = client.aclose()
+            try:
+                asyncio.run_coroutine_threadsafe(closing, loop)
+            except RuntimeError:
+                closing.close()
+                if not loop.is_closed():
+                    raise
+                # It closed since `is_running()`: dropped, as above.
 
 
 def _raise_for(response: httpx.Response) -> None:
