@@ -30,6 +30,8 @@ from art.local import LocalBackend
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEADLINE_S = 600  # liveness only: far above what any of this takes on 2 cores
 DEDICATED = art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[])
+# Liveness, not speed: each test trains real steps on 2 cores that the rest may share.
+pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -47,20 +49,19 @@ async def train_steps(model: art.TrainableModel, steps: int) -> None:
     """`steps` real GRPO steps on tiny rollouts (rewards differ, so each step trains)."""
     client = model.openai_client()
 
-    async def rollout(word: str) -> art.Trajectory:
+    async def rollout(word: str, index: int) -> art.Trajectory:
         trajectory = art.Trajectory(messages_and_choices=ask(f"Say {word}."))
         completion = await client.chat.completions.create(
             model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=4
         )
         choice = completion.choices[0]
         trajectory.messages_and_choices.append(choice)
-        trajectory.reward = len(choice.message.content or "") / 10
+        trajectory.reward = len(choice.message.content or "") / 10 + index  # never a tie
         return trajectory
 
     for _ in range(steps):
         groups = await art.gather_trajectory_groups(
-            (art.TrajectoryGroup(rollout(w) for _ in range(2)) for w in ("yes", "no")),
-            pbar_desc=None,
+            [art.TrajectoryGroup(rollout("yes", index) for index in range(2))], pbar_desc=None
         )
         await model.train(groups, config=art.TrainConfig(learning_rate=1e-3))
 
