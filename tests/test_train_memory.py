@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
+import os
 import resource
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +20,10 @@ from openai.types.chat.chat_completion import Choice
 
 import art
 from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.trainer import memory
 from art.backends.local.trainer.batching import MicroBatch, pack
 from art.backends.local.trainer.logprobs import output_head, sampled_logprobs
-from art.backends.local.trainer.memory import GIB, StepMemory
+from art.backends.local.trainer.memory import GIB, PeakMemory, StepMemory, large_frees_returned
 from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
 from art.backends.local.trainer.tokenize import tokenize_trajectory
 from art.core.errors import TrainingError
@@ -313,3 +320,184 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
     assert row["train/tokens_trained"] > 8 * 2048
     assert row["train/checkpointed_micro_batches"] == 8  # each sequence over 1024 tokens
     assert 0 < peak < 3.0
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+            *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+        )
+    ]
+
+
+def _glibc_with_mallinfo2() -> Any:
+    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2  # glibc >= 2.33
+    except (OSError, AttributeError):
+        return None
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+_LIBC = _glibc_with_mallinfo2()
+
+
+def _mapped_on_its_own() -> bool | None:
+    """Whether glibc gives a block a mapping of its own (over the mmap threshold) rather
+    than heap memory: the threshold's real effect. The block is larger than all the
+    heaps' free memory, so no free chunk can serve it, and under 32 MiB, so the decoding
+    threshold keeps it on the heap. None: the heaps hold too much free memory to tell."""
+    size = _LIBC.mallinfo2().fordblks + 1024**2
+    if size >= 31 * 1024**2:
+        return None
+    before = _LIBC.mallinfo2().hblks
+    block = _LIBC.malloc(size)
+    try:
+        return bool(_LIBC.mallinfo2().hblks > before)
+    finally:
+        _LIBC.free(block)
+
+
+class _InAThread:
+    """A thread that enters `scope` and stays inside until `leave()`: a step in progress."""
+
+    def __init__(self, scope: AbstractContextManager[object]) -> None:
+        self._entered = threading.Event()
+        self._leave = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(scope,))
+        self._thread.start()
+        self._entered.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self, scope: AbstractContextManager[object]) -> None:
+        try:
+            with scope:
+                self._entered.set()
+                self._leave.wait()
+        except BaseException as error:
+            self._error = error
+        finally:
+            self._entered.set()
+
+    def leave(self) -> None:
+        self._leave.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+@contextmanager
+def _measuring(peak: PeakMemory) -> Iterator[None]:
+    peak.start()
+    try:
+        yield
+    finally:
+        peak.stop()
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
+def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
+    """Two CPU steps training at once in two threads (two base models in one process):
+    the first to finish must not give glibc its high threshold back under the other."""
+    first = _InAThread(large_frees_returned())
+    second = _InAThread(large_frees_returned())
+    assert _mapped_on_its_own() is not False
+
+    first.leave()
+    assert _mapped_on_its_own() is not False, "restored while a step still trains"
+    assert memory.PROCESS_MEMORY.mmap_threshold == 256 * 1024
+
+    second.leave()
+    assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
+    assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's peak-RSS reset"
+)
+def test_a_step_starting_does_not_reset_the_peak_of_one_in_progress() -> None:
+    cpu = torch.device("cpu")
+    first_peak = PeakMemory(cpu)
+    first = _InAThread(_measuring(first_peak))
+    at_start = first_peak.peak_gib()
+    block = bytearray(b"\x01") * (256 * 1024**2)  # filled, so resident
+    del block
+
+    second_peak = PeakMemory(cpu)
+    second = _InAThread(_measuring(second_peak))
+    assert first_peak.peak_gib() >= at_start + 0.24, "the second step reset the first's peak"
+    # The peak is the process's over the step: the second's includes the first's.
+    assert second_peak.peak_gib() >= at_start + 0.24
+
+    second.leave()
+    first.leave()
+    reached = first_peak.peak_gib()  # kept from when it stopped
+    assert reached >= at_start + 0.24
+
+    third_peak = PeakMemory(cpu)
+    third = _InAThread(_measuring(third_peak))
+    try:
+        assert third_peak.peak_gib() < reached - 0.2  # alone again: reset at its start
+    finally:
+        third.leave()
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
+@pytest.mark.parametrize("overlaps_decoding", [False, True])
+def test_a_trainer_overlapping_decoding_leaves_the_threshold_alone(
+    default_model: tuple[Any, Any], overlaps_decoding: bool
+) -> None:
+    """In dedicated mode on the CPU the engine decodes while the step trains: the
+    trainer told so does not lower the process's threshold under the decode loop."""
+    base, tokenizer = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    trainer = PeftTrainer(
+        model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(),
+        overlaps_decoding=overlaps_decoding,
+    )
+    with large_frees_returned():  # from here on the threshold is the decoding one, 32 MiB
+        pass
+    seen: list[tuple[int | None, bool | None]] = []
+
+    def record(*_: object) -> None:
+        seen.append((memory.PROCESS_MEMORY.mmap_threshold, _mapped_on_its_own()))
+
+    handle = trainer._decoder.register_forward_hook(record)
+    try:
+        trainer.step(agent_groups(tokenizer, 4, 8), art.TrainConfig(), art.dev.TrainConfig())
+    finally:
+        handle.remove()
+    assert seen
+    expected = 32 * 1024**2 if overlaps_decoding else 256 * 1024
+    assert all(threshold == expected for threshold, _ in seen)
+    # Where the heaps' free memory lets it tell, glibc agrees.
+    assert all(mapped is not overlaps_decoding for _, mapped in seen)
+
+
+def test_a_budget_is_refused_to_a_trainer_overlapping_decoding(
+    default_model: tuple[Any, Any],
+) -> None:
+    base, tokenizer = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    with pytest.raises(art.ConfigError) as refused:
+        PeftTrainer(
+            model,
+            tokenizer,
+            init_args=art.dev.InitArgs(),
+            trainer_args=art.dev.TrainerArgs(memory_budget_gb=4.0),
+            overlaps_decoding=True,
+        )
+    assert refused.value.field == "overlaps_decoding"
+    assert "memory_budget_gb=4.0" in str(refused.value)

@@ -4,6 +4,8 @@
     ├── ArtValueError (also a ValueError)        bad input: names the field and the fix
     │   ├── TrajectoryValidationError            a trajectory or group that cannot be logged or trained
     │   └── ConfigError                          a model, backend or training config that is wrong
+    │       └── ModelInUseError                  a model another process holds for training
+    │                                            (`ModelStore.hold_writer_lock`)
     ├── ModelNotRegisteredError                  a model used before `await model.register(backend)`
     ├── NotBuiltError (also a NotImplementedError) a capability this version does not have yet
     ├── RolloutError                             a rollout that failed in a way `art` itself detected
@@ -53,6 +55,29 @@ class TrajectoryValidationError(ArtValueError):
 
 class ConfigError(ArtValueError):
     """A model, backend or training configuration that is wrong."""
+
+
+class ModelInUseError(ConfigError):
+    """A model directory whose writer lock another process holds: two processes training
+    one model would each write their own steps over the other's. `path` is the model's
+    directory, `pid` and `host` the holder's (None where it had not written them yet)."""
+
+    def __init__(self, path: str, pid: int | None, host: str | None) -> None:
+        self.path = path
+        self.pid = pid
+        self.host = host
+        holder = "another process" if pid is None else f"process {pid}"
+        if host is not None:
+            holder += f" on {host}"
+        close = "the other backend" + ("" if pid is None else f" (pid {pid})")
+        super().__init__(
+            "path",
+            f"{path} is being trained by {holder}",
+            f"Close {close}, or give this run another name or path",
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, str | None]]:  # type: ignore[override]
+        return type(self), (self.path, self.pid, self.host)
 
 
 class ModelNotRegisteredError(ArtError):

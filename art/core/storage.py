@@ -5,6 +5,8 @@
     trajectories/{split}/{step:04d}.parquet  every logged trajectory, lossless
     checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
 
+    .lock                                    the writer lock of the process training it
+
 Every write goes to a temporary file in the same directory and is renamed into place,
 so a crash leaves either the old file or the new one, never half of one. The new data is
 fsynced before the rename and the directory after it, so a power loss cannot publish a
@@ -18,14 +20,16 @@ import math
 import os
 import re
 import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, StorageError, TrajectoryValidationError
+from .errors import ConfigError, ModelInUseError, StorageError, TrajectoryValidationError
 from .trajectories import TrajectoryGroup
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
@@ -215,6 +219,30 @@ class ModelStore:
     def write_model(self, data: Mapping[str, Any]) -> None:
         write_text_atomic(self.model_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
+    # --- the writer lock ----------------------------------------------------------------
+
+    @property
+    def lock_path(self) -> Path:
+        return self.dir / ".lock"
+
+    def hold_writer_lock(self) -> WriterLock:
+        """Hold the model's writer lock until `release()` (or this process's end).
+
+        The process that trains a model holds it, so a second process training the same
+        model (the same `path`, project and name) is refused with `ModelInUseError`
+        naming the holder's pid, instead of both writing steps over each other. It is an
+        exclusive `flock` on `.lock` in the model's directory, which then holds the
+        holder's pid and host; the OS frees it when the process dies, so a crash leaves
+        no stale lock. Within one process it is re-entrant: each call returns a hold of
+        its own and the lock is freed when the last is released (a service may load a
+        model again). A process forked from the holder does not hold it.
+
+        POSIX only (`fcntl`); on Windows nothing is locked. On a network filesystem it is
+        as good as that filesystem's `flock`.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return _take_writer_lock(self.lock_path.resolve())
+
     # --- steps and checkpoints ------------------------------------------------------------
 
     @property
@@ -366,6 +394,98 @@ class ModelStore:
         )
 
 
+class WriterLock:
+    """One hold on a model's writer lock (`ModelStore.hold_writer_lock`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._released = False
+
+    def release(self) -> None:
+        """Give this hold up; the lock is freed when the process's last hold is. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        _drop_writer_lock(self.path)
+
+    def __enter__(self) -> WriterLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# Writer locks this process holds: lock file -> [open descriptor, holds]. A flock belongs
+# to an open file, so a second open() of the file in this process would be refused too:
+# holds in one process share one descriptor.
+_HELD: dict[Path, list[int]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _take_writer_lock(path: Path) -> WriterLock:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        return WriterLock(path)
+    with _HELD_LOCK:
+        held = _HELD.get(path)
+        if held is not None:
+            held[1] += 1
+            return WriterLock(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise ModelInUseError(str(path.parent), *holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        owner = {"pid": os.getpid(), "host": socket.gethostname()}
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        _HELD[path] = [fd, 1]
+        return WriterLock(path)
+
+
+def _drop_writer_lock(path: Path) -> None:
+    with _HELD_LOCK:
+        held = _HELD.get(path)
+        if held is None:  # Windows, or a hold inherited through fork
+            return
+        held[1] -= 1
+        if held[1]:
+            return
+        del _HELD[path]
+        os.ftruncate(held[0], 0)  # no holder named once it is free
+        os.close(held[0])  # frees the flock
+
+
+def _read_holder(fd: int) -> tuple[int | None, str | None]:
+    """The pid and host the holder wrote (None: not written yet, or unreadable)."""
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0))
+        return int(owner["pid"]), str(owner["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+
+
+def _forget_held_locks() -> None:
+    # A forked child shares the parent's open files but is not the process that trains;
+    # closing its copies leaves the parent's lock in place. Another thread may have held
+    # `_HELD_LOCK` at the fork, so the child gets a new one.
+    global _HELD_LOCK
+    _HELD_LOCK = threading.Lock()
+    for fd, _ in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_locks)
+
+
 def list_projects(base_path: str | os.PathLike[str]) -> list[str]:
     """Projects under a backend's `path`: directories holding a `models/` directory."""
     root = Path(base_path)
@@ -392,6 +512,7 @@ def _fingerprint(group: TrajectoryGroup) -> str:
 __all__ = [
     "RESERVED_METRICS",
     "ModelStore",
+    "WriterLock",
     "atomic_path",
     "check_logged_groups",
     "check_metrics",

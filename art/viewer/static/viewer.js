@@ -30,7 +30,7 @@ const MEANINGS = {
   tokens_trained: "tokens the step trained on",
   sequences_trained: "sequences the step trained on",
   truncated_tokens: "tokens cut at max_seq_length",
-  peak_memory_gb: "peak memory of the step, GiB",
+  peak_memory_gb: "peak memory of the process over the step, GiB (with an overlapping step, that one's too)",
   estimated_memory_gb: "what the trainer planned for that peak, GiB",
   micro_batches: "forward/backward passes of the step",
   checkpointed_micro_batches: "passes whose activations were recomputed in backward",

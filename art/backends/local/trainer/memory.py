@@ -4,8 +4,9 @@ The trainer plans each step before running it: `StepMemory` estimates the bytes 
 micro-batch of N tokens keeps alive (activations saved for backward, with or without
 gradient checkpointing, and the fixed workspace of the chunked LM head and the
 optimizer), `budget_bytes` says how much the process may use, and `PeakMemory` measures
-what the step really took: peak RSS on CPU (Linux's VmHWM, reset at the step's start),
-peak allocated device memory on CUDA.
+what the step really took: peak RSS on CPU (Linux's VmHWM), peak allocated device memory
+on CUDA. Both counters, and glibc's mmap threshold a CPU step lowers, are the process's:
+`ProcessMemory` owns them for every step in progress at once.
 
 The per-token figures count the tensors a decoder layer of the Llama family saves for
 backward (its norms, q/k/v, attention output, the MLP's gate/up/activation products),
@@ -19,6 +20,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,29 +199,91 @@ _MMAP_THRESHOLD_BYTES = 256 * 1024
 _DECODING_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 
 
-@contextlib.contextmanager
-def large_frees_returned() -> Iterator[None]:
-    """While training on a CPU: freed activations leave the RSS at once (glibc).
+class ProcessMemory:
+    """The one owner of the memory state training steps change for the whole process.
 
-    glibc raises its mmap threshold each time a large mmapped block is freed (up to 32
-    MiB); after that, blocks under it come from the heap and, once freed, stay in the
-    RSS. A training step's activations are such blocks, so the RSS kept what every layer
-    had ever held: on the default model, 0.84 MB per token with gradient checkpointing
-    against 0.17 MB of live tensors. Inside, every block of 256 KiB or more is its own
-    mapping, unmapped when freed. Afterwards the threshold is set to glibc's ceiling: a
-    decode step's logits and temporaries (megabytes, every step) come from the heap again;
-    mapping and faulting them in afresh each step cost the decode loop ~30% of its
-    throughput at 32 rows (measured on the default model, 2 cores).
-    Does nothing off glibc or when `MALLOC_MMAP_THRESHOLD_` is set.
+    glibc's mmap threshold and the peak-memory counters (VmHWM on CPU, torch's peak
+    statistics per CUDA device) belong to the process, not to a step, and steps may
+    overlap: two models on different bases train at once in two threads, and in dedicated
+    mode on the CPU the engine decodes while a step trains. So steps in progress are
+    counted under one lock: the threshold is lowered when the first step asking for it
+    starts and restored when the last one ends, and a peak counter is reset only by a step
+    that starts while no other step on that device is in progress. Use the process's one
+    instance, `PROCESS_MEMORY`.
     """
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-    try:
-        yield
-    finally:
-        if libc is not None:
-            libc.mallopt(_M_MMAP_THRESHOLD, _DECODING_MMAP_THRESHOLD_BYTES)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lowering = 0  # steps in progress inside `large_frees_returned`
+        self._measuring: dict[str, int] = {}  # steps in progress measuring a peak, by device
+        self._threshold: int | None = None
+
+    @property
+    def mmap_threshold(self) -> int | None:
+        """The mmap threshold (bytes) this process last set; None: never set (glibc has no
+        getter, so this is what we set, not what the environment may have fixed)."""
+        return self._threshold
+
+    @contextlib.contextmanager
+    def large_frees_returned(self) -> Iterator[None]:
+        """While training on a CPU: freed activations leave the RSS at once (glibc).
+
+        glibc raises its mmap threshold each time a large mmapped block is freed (up to 32
+        MiB); after that, blocks under it come from the heap and, once freed, stay in the
+        RSS. A training step's activations are such blocks, so the RSS kept what every
+        layer had ever held: on the default model, 0.84 MB per token with gradient
+        checkpointing against 0.17 MB of live tensors. Inside, every block of 256 KiB or
+        more is its own mapping, unmapped when freed. When the last step inside leaves,
+        the threshold is set to glibc's ceiling: a decode step's logits and temporaries
+        (megabytes, every step) come from the heap again; mapping and faulting them in
+        afresh each step cost the decode loop ~30% of its throughput at 32 rows (measured
+        on the default model, 2 cores). Does nothing off glibc or when
+        `MALLOC_MMAP_THRESHOLD_` is set.
+        """
+        with self._lock:
+            self._lowering += 1
+            if self._lowering == 1:
+                self._set_mmap_threshold(_MMAP_THRESHOLD_BYTES)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._lowering -= 1
+                if self._lowering == 0:
+                    self._set_mmap_threshold(_DECODING_MMAP_THRESHOLD_BYTES)
+
+    def _set_mmap_threshold(self, value: int) -> None:
+        libc = _glibc()
+        if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, value) == 1:
+            self._threshold = value
+
+    def start_peak(self, device: torch.device) -> None:
+        """A step on `device` starts measuring: the counter is reset if no other is."""
+        key = str(device)
+        with self._lock:
+            running = self._measuring.get(key, 0)
+            self._measuring[key] = running + 1
+            if running == 0:
+                _reset_peak(device)
+
+    def stop_peak(self, device: torch.device) -> None:
+        key = str(device)
+        with self._lock:
+            self._measuring[key] -= 1
+            if not self._measuring[key]:
+                del self._measuring[key]
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    # Writing 5 resets the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0).
+    # Where that fails the peak is the process's lifetime peak, still an upper bound.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -232,24 +296,43 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
+PROCESS_MEMORY = ProcessMemory()
+
+
+def large_frees_returned() -> contextlib.AbstractContextManager[None]:
+    """`PROCESS_MEMORY.large_frees_returned()`: the low mmap threshold while a CPU step trains."""
+    return PROCESS_MEMORY.large_frees_returned()
+
+
 class PeakMemory:
-    """Peak memory between `start()` and `peak_gib()`: RSS on CPU, allocations on CUDA."""
+    """Peak memory of the process between `start()` and `stop()`: RSS on CPU, torch's
+    allocations on CUDA.
+
+    The counter is the process's (or the device's), so when steps overlap it is reset only
+    by the first to start, and a step's peak may include an overlapping step's memory.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._started = False
+        self._final: float | None = None  # the peak when `stop()` was called
 
     def start(self) -> None:
-        if self.device.type == "cuda":
-            import torch
+        if self._started:
+            raise RuntimeError("PeakMemory.start() was called twice; make one per step")
+        self._started = True
+        PROCESS_MEMORY.start_peak(self.device)
 
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return
-        # Writing 5 resets the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0).
-        # Where that fails the peak is the process's lifetime peak, still an upper bound.
-        with contextlib.suppress(OSError):
-            Path("/proc/self/clear_refs").write_text("5")
+    def stop(self) -> None:
+        """End the measurement; `peak_gib()` keeps the peak it had reached."""
+        if self._started and self._final is None:
+            self._final = self._read()
+            PROCESS_MEMORY.stop_peak(self.device)
 
     def peak_gib(self) -> float:
+        return self._read() if self._final is None else self._final
+
+    def _read(self) -> float:
         if self.device.type == "cuda":
             import torch
 
@@ -259,8 +342,10 @@ class PeakMemory:
 
 __all__ = [
     "GIB",
+    "PROCESS_MEMORY",
     "Budget",
     "PeakMemory",
+    "ProcessMemory",
     "StepMemory",
     "budget",
     "large_frees_returned",
