@@ -30,6 +30,9 @@ _EXPORTS: dict[str, str] = {
     "Tool": "art.core.types",
     "Tools": "art.core.types",
     "TrainConfig": "art.core.types",
+    "TrainResult": "art.core.types",
+    "LocalTrainResult": "art.core.types",
+    "ServerlessTrainResult": "art.core.types",
     "Model": "art.core.model",
     "TrainableModel": "art.core.model",
     "Backend": "art.core.backend",
@@ -142,13 +145,16 @@ if TYPE_CHECKING:
     from .core.trajectories import PydanticException as PydanticException
     from .core.trajectories import Trajectory as Trajectory
     from .core.trajectories import TrajectoryGroup as TrajectoryGroup
+    from .core.types import LocalTrainResult as LocalTrainResult
     from .core.types import Message as Message
     from .core.types import MessageOrChoice as MessageOrChoice
     from .core.types import Messages as Messages
     from .core.types import MessagesAndChoices as MessagesAndChoices
+    from .core.types import ServerlessTrainResult as ServerlessTrainResult
     from .core.types import Tool as Tool
     from .core.types import Tools as Tools
     from .core.types import TrainConfig as TrainConfig
+    from .core.types import TrainResult as TrainResult
     from .core.utils import iterate_dataset as iterate_dataset
     from .core.utils import limit_concurrency as limit_concurrency
     from .core.utils import retry as retry

@@ -1,21 +1,27 @@
 """ART's `art.types` import path."""
 
 from .core.types import (
+    LocalTrainResult,
     Message,
     MessageOrChoice,
     Messages,
     MessagesAndChoices,
+    ServerlessTrainResult,
     Tool,
     Tools,
     TrainConfig,
+    TrainResult,
 )
 
 __all__ = [
+    "LocalTrainResult",
     "Message",
     "MessageOrChoice",
     "Messages",
     "MessagesAndChoices",
+    "ServerlessTrainResult",
     "Tool",
     "Tools",
     "TrainConfig",
+    "TrainResult",
 ]

@@ -57,6 +57,10 @@ def test_art_0_5_module_paths_resolve_to_the_same_objects() -> None:
     assert art.trajectories.Trajectory is art.Trajectory
     assert art.trajectories.TrajectoryGroup is art.TrajectoryGroup
     assert art.types.TrainConfig is art.TrainConfig
+    assert art.types.TrainResult is art.TrainResult
+    assert issubclass(art.LocalTrainResult, art.TrainResult)
+    assert issubclass(art.ServerlessTrainResult, art.TrainResult)
+    assert art.ServerlessTrainResult(step=1).artifact_name is None
     assert art.types.Messages is art.Messages
     assert art.gather.gather_trajectory_groups is art.gather_trajectory_groups
     assert art.utils.retry is art.retry

@@ -28,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Generator, Iterable
+from typing import Any, Literal
 
 import httpx
 
@@ -44,8 +44,9 @@ from ..core.errors import (
     TrajectoryValidationError,
 )
 from ..core.model import Model, TrainableModel
+from ..core.train_options import serverless_train_options, train_step
 from ..core.trajectories import TrajectoryGroup
-from ..core.types import TrainConfig
+from ..core.types import ServerlessTrainResult, TrainConfig
 
 DEFAULT_BASE_URL = "https://api.training.wandb.ai/v1"
 INFERENCE_PREFIX = "wandb-artifact:///"
@@ -53,6 +54,7 @@ STEP_SEPARATOR = ":step"
 _POLL_SECONDS = 20.0  # how long one events request waits on `art serve` for news
 _RETRY_STATUSES = (502, 503, 504)
 _PAGE_LIMIT = 100
+_EXPERIMENTAL = "experimental_config."
 _VALUE_ERRORS: dict[str, type[ArtValueError]] = {
     cls.__name__: cls for cls in (ArtValueError, ConfigError, TrajectoryValidationError)
 }
@@ -201,16 +203,93 @@ class ServerlessBackend:
     async def train(
         self,
         model: TrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        ppo: bool = False,
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        advantage_balance: float = 0.0,
+        scale_rewards: bool = True,
+        importance_sampling_level: Literal[
+            "token", "sequence", "average", "geometric_average"
+        ] = "token",
+        max_negative_advantage_importance_sampling_weight: float | None = None,
+        mask_prob_ratio: bool = False,
+        kimi_k2_tau: float | None = None,
+        precalculate_logprobs: bool = False,
+        verbose: bool = False,
+    ) -> ServerlessTrainResult:
+        """One training step on the server (ART 0.5.18's call); nothing is logged.
+
+        Log the groups and `result.metrics` with `model.log` yourself, or use
+        `model.train`. The keywords are ART's, with its defaults (what each does:
+        `art.core.train_options`). ART's knobs this version's trainer has not built
+        (advantage_balance, max_negative_advantage_importance_sampling_weight,
+        mask_prob_ratio, kimi_k2_tau, precalculate_logprobs, and the "average" and
+        "geometric_average" importance sampling levels) are sent when set: the managed
+        service trains with them, and `art serve` refuses each with a `ConfigError`
+        naming it, before the step starts.
+        """
+        options = serverless_train_options(
+            learning_rate=learning_rate,
+            ppo=ppo,
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            advantage_balance=advantage_balance,
+            scale_rewards=scale_rewards,
+            importance_sampling_level=importance_sampling_level,
+            max_negative_advantage_importance_sampling_weight=(
+                max_negative_advantage_importance_sampling_weight
+            ),
+            mask_prob_ratio=mask_prob_ratio,
+            kimi_k2_tau=kimi_k2_tau,
+            precalculate_logprobs=precalculate_logprobs,
+            verbose=verbose,
+        )
+        experimental = experimental_config(options.config, options.dev_config)
+
+        async def run(groups: list[TrajectoryGroup]) -> dict[str, float]:
+            return await self._job(model, groups, experimental | options.forwarded, verbose)
+
+        try:
+            step, metrics = await train_step(self, model, trajectory_groups, options, run)
+        except ConfigError as error:
+            # art serve names the field by its place in the request; the caller knows it
+            # as this keyword.
+            if not error.field.startswith(_EXPERIMENTAL):
+                raise
+            raise ConfigError(
+                error.field.removeprefix(_EXPERIMENTAL), error.problem, error.fix
+            ) from error
+        artifact = f"{model.entity}/{model.project}/{model.name}:step{step}"
+        return ServerlessTrainResult(
+            step=step, metrics=metrics, artifact_name=artifact if model.entity else None
+        )
+
+    async def _train(
+        self,
+        model: TrainableModel,
         groups: list[TrajectoryGroup],
         *,
         config: TrainConfig,
         dev_config: dev.TrainConfig,
         verbose: bool,
     ) -> dict[str, float]:
+        return await self._job(model, groups, experimental_config(config, dev_config), verbose)
+
+    async def _job(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        experimental: dict[str, Any],
+        verbose: bool,
+    ) -> dict[str, float]:
+        """Post a training job with the API's `experimental_config` and follow it to its end."""
         body = {
             "model_id": self._id(model),
             "trajectory_groups": [group.model_dump(mode="json") for group in groups],
-            "experimental_config": experimental_config(config, dev_config),
+            "experimental_config": experimental,
         }
         try:
             job = await self._request("POST", "/preview/training-jobs", json=body, idempotent=False)

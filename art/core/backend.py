@@ -1,18 +1,19 @@
 """The `Backend` protocol: what a model needs from wherever it is served and trained.
 
 `LocalBackend`, `ServerlessBackend` and `SkyPilotBackend` all implement it; client code
-only ever calls these methods, through the model, and never checks which backend it has.
+calls these methods (mostly through the model) and never checks which backend it has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import dev
 from .trajectories import TrajectoryGroup
-from .types import TrainConfig
+from .types import TrainConfig, TrainResult
 
 if TYPE_CHECKING:
     from .model import Model, TrainableModel
@@ -65,6 +66,16 @@ class Backend(Protocol):
         ...
 
     async def train(
+        self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup]
+    ) -> TrainResult:
+        """ART's training call: one step on `trajectory_groups`, nothing logged.
+
+        Each backend takes ART's keywords for it (`art.core.train_options`), honoured or
+        refused by name; the result holds the step after training and its metrics.
+        """
+        ...
+
+    async def _train(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],
@@ -75,9 +86,9 @@ class Backend(Protocol):
     ) -> dict[str, float]:
         """Take one training step on checked `groups`, save and serve the new checkpoint.
 
-        Returns the trainer's metrics (loss, grad_norm, ...), which the model records.
-        With `verbose`, the backend prints what it does (the step it trains, the
-        checkpoint it saves or the job it follows).
+        Returns the trainer's metrics (loss, grad_norm, ...). With `verbose`, the backend
+        prints what it does (the step it trains, the checkpoint it saves or the job it
+        follows). `model.train` and `train` both come here.
         """
         ...
 

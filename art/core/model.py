@@ -372,7 +372,7 @@ class TrainableModel(Model):
         await backend.log(self, groups, split="train", step=step, metrics={})
         started = time.monotonic()
         try:
-            trainer_metrics = await backend.train(
+            trainer_metrics = await backend._train(
                 self,
                 groups,
                 config=config or TrainConfig(),

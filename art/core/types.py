@@ -6,6 +6,7 @@ the OpenAI client type-check here unchanged.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from openai.types.chat.chat_completion import Choice
@@ -36,13 +37,40 @@ class TrainConfig(ConfigModel):
     )
 
 
+@dataclass
+class TrainResult:
+    """What `backend.train(...)` returns: the step after training and its metrics."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LocalTrainResult(TrainResult):
+    """`LocalBackend.train`'s result; `checkpoint_path` is the new step's checkpoint
+    directory (None when `save_checkpoint=False` asked not to report it)."""
+
+    checkpoint_path: str | None = None
+
+
+@dataclass
+class ServerlessTrainResult(TrainResult):
+    """`ServerlessBackend.train`'s result; `artifact_name` is W&B's
+    `entity/project/name:step{N}` when the model has an entity, else None."""
+
+    artifact_name: str | None = None
+
+
 __all__ = [
     "Choice",
+    "LocalTrainResult",
     "Message",
     "MessageOrChoice",
     "Messages",
     "MessagesAndChoices",
+    "ServerlessTrainResult",
     "Tool",
     "Tools",
     "TrainConfig",
+    "TrainResult",
 ]

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...core import dev
 from ...core.errors import ConfigError
+from ...core.train_options import not_built_error
 from ...core.types import TrainConfig
 from ..local.endpoint.server import ApiError
 
@@ -75,22 +76,13 @@ class ExperimentalTrainingConfig(_Body):
 
     def to_configs(self) -> tuple[TrainConfig, dev.TrainConfig]:
         """Our two training configs; a 400 naming `experimental_config.<field>` if invalid."""
-        for name, neutral in _NEUTRAL.items():
+        # ART's knobs this version has not built: refused by name unless neutral, with
+        # the message a LocalBackend.train caller gets.
+        for name in (*_ART_ONLY, "importance_sampling_level"):
             value = getattr(self, name)
-            if value is not None and value != neutral:
-                raise ApiError(
-                    400,
-                    f"experimental_config.{name}: {value!r} is not supported by art serve's "
-                    f"trainer; leave it unset{'' if neutral is None else f' or {neutral!r}'}",
-                    param=f"experimental_config.{name}",
-                )
-        if self.importance_sampling_level in ("average", "geometric_average"):
-            raise ApiError(
-                400,
-                "experimental_config.importance_sampling_level: "
-                f"{self.importance_sampling_level!r} is not supported; use 'token' or 'sequence'",
-                param="experimental_config.importance_sampling_level",
-            )
+            error = None if value is None else not_built_error(name, value, prefix=_PREFIX)
+            if error is not None:
+                raise error
         top = {"learning_rate": self.learning_rate, "beta": self.beta}
         rest = {
             name: getattr(self, name)
@@ -116,13 +108,14 @@ class ExperimentalTrainingConfig(_Body):
         return config, dev_config
 
 
-_NEUTRAL: dict[str, Any] = {
-    "advantage_balance": 0.0,
-    "kimi_k2_tau": None,
-    "mask_prob_ratio": False,
-    "max_negative_advantage_importance_sampling_weight": None,
-    "precalculate_logprobs": False,
-}
+_PREFIX = "experimental_config."
+_ART_ONLY = (
+    "advantage_balance",
+    "kimi_k2_tau",
+    "mask_prob_ratio",
+    "max_negative_advantage_importance_sampling_weight",
+    "precalculate_logprobs",
+)
 
 
 def _config_error(error: ConfigError) -> ApiError:

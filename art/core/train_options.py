@@ -1,0 +1,395 @@
+"""ART 0.5.18's `backend.train(...)` keywords, mapped onto `TrainConfig` + `dev.TrainConfig`.
+
+Every keyword of ART's `LocalBackend.train` and `ServerlessBackend.train` is either
+honoured (mapped below) or refused with a `ConfigError` naming it, before anything is
+trained or written. What each keyword does:
+
+- learning_rate: the optimizer's step size (`TrainConfig.learning_rate`).
+- loss_fn: "cispo" (CISPO: a clipped, non-differentiated importance weight times the
+  log-probability, arXiv:2506.13585) or "ppo" (PPO's clipped surrogate,
+  arXiv:1707.06347; `dev.TrainConfig.ppo`); ServerlessBackend spells it `ppo: bool`.
+- loss_fn_config, adam_params: must be None, as ART's LocalBackend requires.
+- normalize_advantages: False centres each group's rewards without dividing by their
+  standard deviation (forces scale_rewards=False), as in ART.
+- epsilon, epsilon_high: the importance ratio's clip range [1 - epsilon, 1 + epsilon_high]
+  (a larger upper bound is DAPO's clip-higher, arXiv:2503.14476). None takes ART's loss
+  defaults: 1.0 and 4.0 for CISPO, 0.2 and epsilon for PPO.
+- scale_rewards: divide each group's advantages by its reward standard deviation.
+- importance_sampling_level: "token" (a ratio per token) or "sequence" (one per sequence,
+  GSPO, arXiv:2507.18071).
+- allow_training_without_logprobs: also train assistant turns given as plain messages.
+- save_checkpoint: False reports `checkpoint_path=None`; as in ART, the step's checkpoint
+  is still written (it is what the next rollouts are served from).
+- verbose: print what the backend does.
+
+The rest are ART knobs this version has not built; each is refused unless left at its
+default (`NOT_BUILT` says what it does in ART and what to use instead).
+
+The mapping functions are pure; `train_step` is the one body every backend's `train`
+runs with their result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import dev
+from .errors import ConfigError, TrainingError
+from .metrics import group_metrics
+from .trajectories import TrajectoryGroup
+from .types import TrainConfig
+from .validation import check_trainable, coerce_groups
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .model import TrainableModel
+
+_KL_INSTEAD = (
+    "TrainConfig(beta=...), given to model.train, adds a KL term towards the base model to the loss"
+)
+
+
+@dataclass(frozen=True)
+class NotBuilt:
+    """An ART keyword this version refuses unless it is left at `default`."""
+
+    default: Any
+    does: str  # what it does in ART, one line
+    instead: str = ""  # what to use here instead, if anything
+
+
+NOT_BUILT: dict[str, NotBuilt] = {
+    "kl_penalty_coef": NotBuilt(
+        0.0,
+        "lowers each token's advantage by how far the policy has moved from a reference "
+        "model (a KL-penalised advantage)",
+        _KL_INSTEAD,
+    ),
+    "kl_penalty_reference_step": NotBuilt(
+        None,
+        "names the checkpoint step used as the KL penalty's reference (None: the base model)",
+        _KL_INSTEAD,
+    ),
+    "kl_ref_adapter_path": NotBuilt(
+        None,
+        "names a LoRA adapter directory used as the KL penalty's reference",
+        _KL_INSTEAD,
+    ),
+    "advantage_balance": NotBuilt(
+        0.0, "shifts weight between negative and positive advantages (in [-1, 1])"
+    ),
+    "max_negative_advantage_importance_sampling_weight": NotBuilt(
+        None, "caps the importance ratio, the cap meant for negative-advantage tokens"
+    ),
+    "mask_prob_ratio": NotBuilt(
+        False, "zeroes the importance ratio of tokens outside the clip range"
+    ),
+    "kimi_k2_tau": NotBuilt(
+        None, "subtracts tau times the policy/sampler log-ratio from the advantages (Kimi K2)"
+    ),
+    "precalculate_logprobs": NotBuilt(
+        False, "recomputes the old policy's logprobs with the trainer before the step"
+    ),
+    "plot_tensors": NotBuilt(False, "plots the training tensors for debugging"),
+    "truncated_importance_sampling": NotBuilt(
+        None, "truncates the sampler/trainer importance weight at this bound"
+    ),
+    "scale_learning_rate_by_reward_std_dev": NotBuilt(
+        False, "scales the learning rate by the reward standard deviation"
+    ),
+    "logprob_calculation_chunk_size": NotBuilt(
+        1024,
+        "sets how many tokens the trainer's logprob pass takes at a time",
+        "the trainer here sizes its LM-head chunks from the vocabulary and the memory "
+        "budget (art.dev.TrainerArgs(memory_budget_gb=...))",
+    ),
+    "packed_sequence_length": NotBuilt(
+        None,
+        "sets the length sequences are packed to (required by ART's Megatron backend)",
+        "sequences are packed into micro-batches that fit the memory budget; "
+        "art.dev.TrainConfig(gradient_accumulation_sequences=...) caps one's size",
+    ),
+    "num_trajectories_learning_rate_multiplier_power": NotBuilt(
+        0.0, "multiplies the learning rate by the number of trajectories to this power"
+    ),
+}
+# importance_sampling_level values of ART's this version has not built.
+_LEVELS_NOT_BUILT = {
+    "average": "the mean of the token and sequence ratios",
+    "geometric_average": "the geometric mean of the token and sequence ratios",
+}
+
+
+def not_built_error(keyword: str, value: Any, *, prefix: str = "") -> ConfigError | None:
+    """The `ConfigError` refusing `keyword=value`, or None when this version honours it."""
+    if keyword == "importance_sampling_level" and value in _LEVELS_NOT_BUILT:
+        return ConfigError(
+            prefix + keyword,
+            f"{value!r} is not built in this version: in ART it takes "
+            f"{_LEVELS_NOT_BUILT[value]} as the importance ratio",
+            "Leave it at 'token', or use 'sequence' (GSPO, arXiv:2507.18071)",
+        )
+    spec = NOT_BUILT.get(keyword)
+    if spec is None or _is_default(value, spec.default):
+        return None
+    fix = f"Leave it at {spec.default!r}"
+    return ConfigError(
+        prefix + keyword,
+        f"{value!r} is not built in this version: in ART it {spec.does}",
+        f"{fix}; {spec.instead}" if spec.instead else fix,
+    )
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is None or isinstance(default, bool):
+        return value is default
+    return type(value) in (int, float) and value == default
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What one `backend.train(...)` call asks for, in this version's configs.
+
+    `forwarded` holds ART keywords that a remote server decides on (ServerlessBackend:
+    the managed service has them, `art serve` refuses them by name).
+    """
+
+    config: TrainConfig
+    dev_config: dev.TrainConfig
+    report_checkpoint: bool = True
+    verbose: bool = False
+    forwarded: dict[str, Any] = field(default_factory=dict)
+
+
+def local_train_options(
+    *,
+    learning_rate: float = 5e-6,
+    loss_fn: Literal["cispo", "ppo"] = "cispo",
+    loss_fn_config: dict[str, Any] | None = None,
+    normalize_advantages: bool = True,
+    adam_params: Any = None,
+    kl_penalty_coef: float = 0.0,
+    kl_penalty_reference_step: int | None = None,
+    kl_ref_adapter_path: str | None = None,
+    epsilon: float | None = None,
+    epsilon_high: float | None = None,
+    advantage_balance: float = 0.0,
+    scale_rewards: bool = True,
+    importance_sampling_level: str = "token",
+    max_negative_advantage_importance_sampling_weight: float | None = None,
+    mask_prob_ratio: bool = False,
+    kimi_k2_tau: float | None = None,
+    precalculate_logprobs: bool = False,
+    allow_training_without_logprobs: bool = False,
+    plot_tensors: bool = False,
+    truncated_importance_sampling: float | None = None,
+    scale_learning_rate_by_reward_std_dev: bool = False,
+    logprob_calculation_chunk_size: int = 1024,
+    packed_sequence_length: int | None = None,
+    num_trajectories_learning_rate_multiplier_power: float = 0.0,
+    save_checkpoint: bool = True,
+    verbose: bool = False,
+) -> TrainOptions:
+    """ART's `LocalBackend.train` keywords as our configs; a `ConfigError` naming any
+    keyword refused (see the module docstring for each)."""
+    _refuse(
+        {
+            "kl_penalty_coef": kl_penalty_coef,
+            "kl_penalty_reference_step": kl_penalty_reference_step,
+            "kl_ref_adapter_path": kl_ref_adapter_path,
+            "advantage_balance": advantage_balance,
+            "importance_sampling_level": importance_sampling_level,
+            "max_negative_advantage_importance_sampling_weight": (
+                max_negative_advantage_importance_sampling_weight
+            ),
+            "mask_prob_ratio": mask_prob_ratio,
+            "kimi_k2_tau": kimi_k2_tau,
+            "precalculate_logprobs": precalculate_logprobs,
+            "plot_tensors": plot_tensors,
+            "truncated_importance_sampling": truncated_importance_sampling,
+            "scale_learning_rate_by_reward_std_dev": scale_learning_rate_by_reward_std_dev,
+            "logprob_calculation_chunk_size": logprob_calculation_chunk_size,
+            "packed_sequence_length": packed_sequence_length,
+            "num_trajectories_learning_rate_multiplier_power": (
+                num_trajectories_learning_rate_multiplier_power
+            ),
+        }
+    )
+    if loss_fn not in ("cispo", "ppo"):
+        raise ConfigError(
+            "loss_fn",
+            f"{loss_fn!r} is not a loss this version (or ART's LocalBackend) trains with",
+            "Use 'cispo' (arXiv:2506.13585) or 'ppo' (arXiv:1707.06347)",
+        )
+    if loss_fn_config is not None:
+        raise ConfigError(
+            "loss_fn_config",
+            "extra loss settings are not taken, as in ART's LocalBackend",
+            "Leave it None; the loss is shaped by loss_fn, epsilon and epsilon_high",
+        )
+    if adam_params is not None:
+        raise ConfigError(
+            "adam_params",
+            "optimizer settings are not taken per call, as in ART's LocalBackend",
+            "Leave it None; AdamW's settings belong to the model: _internal_config="
+            "art.dev.InternalModelConfig(trainer_args=art.dev.TrainerArgs(adam_beta1=..., "
+            "adam_beta2=..., weight_decay=...))",
+        )
+    _check_bool("normalize_advantages", normalize_advantages)
+    _check_bool("save_checkpoint", save_checkpoint)
+    _check_bool("verbose", verbose)
+    return TrainOptions(
+        config=TrainConfig(learning_rate=learning_rate),
+        dev_config=_dev_config(
+            ppo=loss_fn == "ppo",
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            scale_rewards=scale_rewards if normalize_advantages else False,
+            importance_sampling_level=importance_sampling_level,
+            allow_training_without_logprobs=allow_training_without_logprobs,
+        ),
+        report_checkpoint=save_checkpoint,
+        verbose=verbose,
+    )
+
+
+def serverless_train_options(
+    *,
+    learning_rate: float = 5e-6,
+    ppo: bool = False,
+    epsilon: float | None = None,
+    epsilon_high: float | None = None,
+    advantage_balance: float = 0.0,
+    scale_rewards: bool = True,
+    importance_sampling_level: str = "token",
+    max_negative_advantage_importance_sampling_weight: float | None = None,
+    mask_prob_ratio: bool = False,
+    kimi_k2_tau: float | None = None,
+    precalculate_logprobs: bool = False,
+    verbose: bool = False,
+) -> TrainOptions:
+    """ART's `ServerlessBackend.train` keywords as our configs.
+
+    The knobs this version has not built are not refused here but forwarded (set ones
+    only): the managed service trains with them, and `art serve` refuses them by name.
+    """
+    _check_bool("ppo", ppo)
+    _check_bool("verbose", verbose)
+    unbuilt: dict[str, Any] = {
+        "advantage_balance": advantage_balance,
+        "max_negative_advantage_importance_sampling_weight": (
+            max_negative_advantage_importance_sampling_weight
+        ),
+        "mask_prob_ratio": mask_prob_ratio,
+        "kimi_k2_tau": kimi_k2_tau,
+        "precalculate_logprobs": precalculate_logprobs,
+    }
+    forwarded = {k: v for k, v in unbuilt.items() if not_built_error(k, v) is not None}
+    level = importance_sampling_level
+    if level in _LEVELS_NOT_BUILT:
+        forwarded["importance_sampling_level"] = level
+        level = "token"  # the forwarded value is what the server is sent
+    return TrainOptions(
+        config=TrainConfig(learning_rate=learning_rate),
+        dev_config=_dev_config(
+            ppo=ppo,
+            epsilon=epsilon,
+            epsilon_high=epsilon_high,
+            scale_rewards=scale_rewards,
+            importance_sampling_level=level,
+            allow_training_without_logprobs=False,
+        ),
+        verbose=verbose,
+        forwarded=forwarded,
+    )
+
+
+async def train_step(
+    backend: Backend,
+    model: TrainableModel,
+    trajectory_groups: Iterable[TrajectoryGroup],
+    options: TrainOptions,
+    run: Callable[[list[TrajectoryGroup]], Awaitable[dict[str, float]]] | None = None,
+) -> tuple[int, dict[str, float]]:
+    """`backend.train`'s body on every backend: check the groups as `model.train` does,
+    take the step through `backend._train` (or `run`, which a backend that sends
+    `options.forwarded` along gives), and read the step after; nothing is logged.
+
+    Returns the step and its metrics: the groups' (rewards, exception_rate, ...), the
+    trainer's (loss, grad_norm, ...) and `train_seconds`.
+    """
+    groups = coerce_groups(trajectory_groups, "trajectory_groups")
+    check_trainable(
+        groups, allow_without_logprobs=options.dev_config.allow_training_without_logprobs
+    )
+    before = await backend.get_step(model)
+    started = time.monotonic()
+    try:
+        if run is not None:
+            trainer_metrics = await run(groups)
+        else:
+            trainer_metrics = await backend._train(
+                model,
+                groups,
+                config=options.config,
+                dev_config=options.dev_config,
+                verbose=options.verbose,
+            )
+    except TrainingError as error:
+        if error.step is None:  # the trainer does not know which step it was making
+            error.step = before + 1
+        raise
+    metrics = group_metrics(groups) | trainer_metrics
+    metrics["train_seconds"] = time.monotonic() - started
+    return await backend.get_step(model), metrics
+
+
+def _dev_config(
+    *,
+    ppo: bool,
+    epsilon: float | None,
+    epsilon_high: float | None,
+    scale_rewards: bool,
+    importance_sampling_level: str,
+    allow_training_without_logprobs: bool,
+) -> dev.TrainConfig:
+    # ART's loss defaults, each bound on its own: CISPO's weight is clipped only far from
+    # 1 (to [0, 5]), PPO's ratio to [0.8, 1.2].
+    if epsilon is None:
+        epsilon = 0.2 if ppo else 1.0
+    if epsilon_high is None and not ppo:
+        epsilon_high = 4.0
+    return dev.TrainConfig(
+        ppo=ppo,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        scale_rewards=scale_rewards,
+        importance_sampling_level=importance_sampling_level,
+        allow_training_without_logprobs=allow_training_without_logprobs,
+    )
+
+
+def _refuse(values: Mapping[str, Any]) -> None:
+    for keyword, value in values.items():
+        error = not_built_error(keyword, value)
+        if error is not None:
+            raise error
+
+
+def _check_bool(keyword: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(keyword, f"expected True or False (got {value!r})", "Pass a bool")
+
+
+__all__ = [
+    "NOT_BUILT",
+    "NotBuilt",
+    "TrainOptions",
+    "local_train_options",
+    "not_built_error",
+    "serverless_train_options",
+    "train_step",
+]

@@ -1,0 +1,290 @@
+"""ART 0.5.18's `backend.train(model, groups, **keywords) -> TrainResult` on every backend.
+
+A script written in ART's style runs unchanged on `LocalBackend` with the real default
+model; every keyword this version has not built is refused by name before anything is
+trained or written; `loss_fn="ppo"` reaches the trainer's loss; and `ServerlessBackend`
+trains through a real `art serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import pytest_asyncio
+from openai.types.chat.chat_completion import Choice
+from serve_server import KEY, Server
+
+import art
+from art.local import LocalBackend
+from art.serverless.backend import ServerlessBackend
+
+BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
+WORDS = ("apple", "river")
+
+
+@pytest.fixture(scope="module")
+def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("train-api") / ".art"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend(art_path: Path) -> AsyncIterator[LocalBackend]:
+    backend = LocalBackend(in_process=True, path=art_path)
+    yield backend
+    await backend.close()
+
+
+async def gather_groups(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
+    """Two groups of three rollouts through the model's own client; rewards differ."""
+    client = model.openai_client()
+
+    async def rollout(word: str, index: int) -> art.Trajectory:
+        trajectory = art.Trajectory(
+            messages_and_choices=[
+                {"role": "user", "content": f"Write a long story about the word {word}."}
+            ]
+        )
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=6
+        )
+        trajectory.messages_and_choices.append(completion.choices[0])
+        trajectory.reward = float(index)
+        return trajectory
+
+    return await art.gather_trajectory_groups(
+        (art.TrajectoryGroup(rollout(word, i) for i in range(3)) for word in WORDS),
+        pbar_desc=None,
+    )
+
+
+async def probe(model: art.TrainableModel, name: str) -> tuple[list[float], int]:
+    """The greedy answer's token logprobs under `name`, and its `policy_version`."""
+    completion = await model.openai_client().chat.completions.create(
+        model=name,
+        messages=PROBE,  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+    )
+    extra = completion.choices[0].model_extra or {}
+    return [round(value, 4) for value in extra["token_logprobs"]], extra["policy_version"]
+
+
+def history(model_dir: Path) -> list[dict[str, Any]]:
+    lines = (model_dir / "history.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def checkpoint_steps(model_dir: Path) -> list[str]:
+    return sorted(p.name for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def expected_loss(groups: list[art.TrajectoryGroup], *, ppo: bool) -> float:
+    """The step's loss if the trainer's logprobs were exactly the sampler's (ratio 1).
+
+    PPO's surrogate is then -advantage per token; CISPO's is -advantage * logprob. Both
+    are token-level means over the sampled tokens of rollouts with an advantage, with
+    GRPO's std-scaled advantages. (The trainer's logprobs differ from the sampler's by
+    numerical noise, so a step's loss is only near this.)
+    """
+    total, tokens = 0.0, 0
+    for group in groups:
+        rewards = [t.reward for t in group.trajectories]
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        for trajectory, reward in zip(group.trajectories, rewards, strict=True):
+            if reward == mean:
+                continue  # no advantage: not trained
+            advantage = (reward - mean) / (std + 1e-6)
+            choice = trajectory.messages_and_choices[-1]
+            assert isinstance(choice, Choice)
+            logprobs: list[float] = (choice.model_extra or {})["token_logprobs"]
+            tokens += len(logprobs)
+            total += sum(-advantage * (1.0 if ppo else lp) for lp in logprobs)
+    return total / tokens
+
+
+# --- (a) a script in ART 0.5.18's style ------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def script_model(backend: LocalBackend) -> art.TrainableModel:
+    model = art.TrainableModel(name="script", project="train-api", base_model=BASE)
+    await model.register(backend)
+    return model
+
+
+async def test_an_art_0_5_18_script_trains_one_step_and_logs_it_itself(
+    backend: LocalBackend, script_model: art.TrainableModel, art_path: Path
+) -> None:
+    model = script_model
+    before, version_before = await probe(model, model.get_inference_name())
+    assert version_before == 0  # the base model (step 0) sampled it
+
+    groups = await gather_groups(model)
+    await model.log(groups, split="train")
+    result = await backend.train(model, groups, learning_rate=1e-3, loss_fn="cispo")
+    await model.log(metrics=result.metrics, step=result.step)
+
+    run = art_path / "train-api" / "models" / "script"
+    assert type(result) is art.LocalTrainResult
+    assert isinstance(result, art.TrainResult)
+    assert result.step == 1 == await model.get_step()
+    assert result.checkpoint_path == str(run / "checkpoints" / "0001")
+    assert (Path(result.checkpoint_path) / "adapter_model.safetensors").is_file()
+    assert math.isfinite(result.metrics["loss"])
+    assert result.metrics["num_trajectories"] == 6
+
+    rows = history(run)  # the groups' row, then the metrics row: each once
+    assert [row["step"] for row in rows] == [0, 1]
+    assert rows[0]["train/num_trajectories"] == 6
+    assert not any(key.endswith("/loss") for key in rows[0])
+    assert rows[1]["val/loss"] == result.metrics["loss"]
+    table = pq.read_table(run / "trajectories" / "train" / "0000.parquet")
+    assert table.num_rows == 6  # backend.train logged nothing itself
+
+    after, version_after = await probe(model, model.get_inference_name(1))
+    assert version_after == 1
+    assert after != before  # the weights served moved
+
+
+# --- (b) every keyword not built here is refused before anything runs -------------------
+
+REFUSED: list[tuple[str, Any]] = [
+    ("loss_fn", "grpo"),
+    ("loss_fn_config", {"clip": 0.1}),
+    ("adam_params", {"beta1": 0.8}),
+    ("kl_penalty_coef", 0.1),
+    ("kl_penalty_reference_step", 0),
+    ("kl_ref_adapter_path", "/tmp/adapter"),
+    ("advantage_balance", 0.5),
+    ("importance_sampling_level", "average"),
+    ("importance_sampling_level", "geometric_average"),
+    ("max_negative_advantage_importance_sampling_weight", 2.0),
+    ("mask_prob_ratio", True),
+    ("kimi_k2_tau", 0.5),
+    ("precalculate_logprobs", True),
+    ("plot_tensors", True),
+    ("truncated_importance_sampling", 2.0),
+    ("scale_learning_rate_by_reward_std_dev", True),
+    ("logprob_calculation_chunk_size", 512),
+    ("packed_sequence_length", 2048),
+    ("num_trajectories_learning_rate_multiplier_power", 0.5),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def untrained(
+    backend: LocalBackend,
+) -> tuple[art.TrainableModel, list[art.TrajectoryGroup]]:
+    model = art.TrainableModel(name="refused", project="train-api", base_model=BASE)
+    await model.register(backend)
+    return model, await gather_groups(model)
+
+
+@pytest.mark.parametrize(("keyword", "value"), REFUSED, ids=[f"{k}={v}" for k, v in REFUSED])
+async def test_a_keyword_not_built_here_is_refused_by_name_before_anything_is_written(
+    backend: LocalBackend,
+    untrained: tuple[art.TrainableModel, list[art.TrajectoryGroup]],
+    art_path: Path,
+    keyword: str,
+    value: Any,
+) -> None:
+    model, groups = untrained
+    with pytest.raises(art.ConfigError) as refused:
+        await backend.train(model, groups, **{keyword: value})
+
+    assert refused.value.field == keyword
+    if keyword.startswith(("kl_", "loss_fn", "adam")) or keyword == "importance_sampling_level":
+        assert refused.value.fix  # says what to use instead
+    assert await model.get_step() == 0
+    run = art_path / "train-api" / "models" / "refused"
+    assert checkpoint_steps(run) == ["0000"]
+    assert not (run / "history.jsonl").exists()
+    assert not (run / "trajectories").exists()
+
+
+async def test_a_not_built_refusal_says_what_the_knob_does_in_art(
+    backend: LocalBackend, untrained: tuple[art.TrainableModel, list[art.TrajectoryGroup]]
+) -> None:
+    model, groups = untrained
+    with pytest.raises(art.ConfigError, match="not built in this version: in ART it") as error:
+        await backend.train(model, groups, kl_penalty_coef=0.05)
+    assert "TrainConfig(beta=" in error.value.fix
+    # ART's defaults, given explicitly, are accepted rather than refused.
+    with pytest.raises(art.TrajectoryValidationError):  # (only the groups are wrong here)
+        await backend.train(
+            model, [], kl_penalty_coef=0.0, logprob_calculation_chunk_size=1024, kimi_k2_tau=None
+        )
+
+
+# --- (c) loss_fn="ppo" and save_checkpoint=False -----------------------------------------
+
+
+async def test_ppo_reaches_the_trainer_and_save_checkpoint_false_reports_no_path(
+    backend: LocalBackend, script_model: art.TrainableModel, art_path: Path
+) -> None:
+    model = script_model
+    step = await model.get_step()
+    groups = await gather_groups(model)
+    # Rewarding the least likely answers makes CISPO's loss (-advantage * logprob) large
+    # where PPO's (-advantage, equal lengths) is near 0: the loss says which one ran.
+    for group in groups:
+        for trajectory in group.trajectories:
+            choice = trajectory.messages_and_choices[-1]
+            assert isinstance(choice, Choice)
+            trajectory.reward = -sum((choice.model_extra or {})["token_logprobs"])
+    ppo, cispo = expected_loss(groups, ppo=True), expected_loss(groups, ppo=False)
+    assert abs(ppo - cispo) > 0.3
+
+    result = await backend.train(
+        model, groups, learning_rate=1e-4, loss_fn="ppo", save_checkpoint=False
+    )
+
+    assert result.step == step + 1
+    loss = result.metrics["loss"]
+    assert abs(loss - ppo) < abs(loss - cispo) / 2
+    assert result.checkpoint_path is None
+    # As in ART, the checkpoint is written (and served) all the same.
+    run = art_path / "train-api" / "models" / "script"
+    assert f"{step + 1:04d}" in checkpoint_steps(run)
+
+
+# --- (d) ServerlessBackend through a real `art serve` ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("serve-train-api") / ".art")
+    yield running
+    running.stop()
+
+
+async def test_serverless_backend_train_returns_a_serverless_train_result(server: Server) -> None:
+    backend = ServerlessBackend(base_url=server.url, api_key=KEY)
+    model = art.TrainableModel(name="remote", project="train-api", base_model=BASE)
+    await model.register(backend)
+    groups = await gather_groups(model)
+
+    result = await backend.train(model, groups, learning_rate=1e-3, ppo=False)
+
+    assert type(result) is art.ServerlessTrainResult
+    assert result.step == 1 == await model.get_step()
+    assert result.artifact_name == "local/train-api/remote:step1"
+    assert math.isfinite(result.metrics["loss"])
+
+    # ART's knobs art serve's trainer has not built: refused by the server, by keyword.
+    with pytest.raises(art.ConfigError, match="not built in this version") as refused:
+        await backend.train(model, groups, advantage_balance=0.5)
+    assert refused.value.field == "advantage_balance"
+    with pytest.raises(art.ConfigError) as refused:
+        await backend.train(model, groups, importance_sampling_level="average")
+    assert refused.value.field == "importance_sampling_level"
+    assert await model.get_step() == 1
+    await backend.close()
