@@ -165,7 +165,7 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
     engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
-    assert engine._lean is not None  # the default model's decode steps skip transformers
+    assert engine._decoder.lean is not None  # the default model's decode steps skip transformers
     prompts = _prompts(tokenizer)[1:2]
     greedy = SamplingParams(max_tokens=16, temperature=0)
     try:

@@ -358,3 +358,37 @@ async def test_register_train_log_delete_and_requests_interleaved(
         )
     names = {entry["id"] for entry in listed.json()["data"]}
     assert {f"{model.get_inference_name()}@{step}" for step in on_disk} <= names
+
+
+async def test_two_processes_training_one_model_never_lose_a_step(tmp_path: Path) -> None:
+    """The second process is refused naming the first's pid while the first holds the
+    model; once it is gone, a backend whose adapter is older than the latest checkpoint is
+    refused too; a backend that loads the latest continues the lineage."""
+    path = tmp_path / ".art"
+    first = LocalBackend(path=path)  # the model service in a child process
+    second = LocalBackend(path=path, in_process=True)
+    try:
+        model_a = art.TrainableModel(name="shared", project="concurrency", base_model=BASE)
+        model_b = art.TrainableModel(name="shared", project="concurrency", base_model=BASE)
+        await model_a.register(first)
+        await model_b.register(second)  # loading it to serve or evaluate is fine
+        await train_steps(model_a, 1)
+        holder = first._service._process.pid  # type: ignore[union-attr]
+        with pytest.raises(art.ConfigError, match=f"pid {holder}") as refused:
+            await train_steps(model_b, 1)
+        assert type(refused.value).__name__ == "ModelInUseError"
+        await first.close()  # the holder exits; its lock goes with it
+        with pytest.raises(art.ConfigError, match="has checkpoint 1, written after"):
+            await train_steps(model_b, 1)
+        assert await model_b.get_step() == 1  # nothing written over step 1
+    finally:
+        await first.close()
+        await second.close()
+    third = LocalBackend(path=path, in_process=True)
+    try:
+        model_c = art.TrainableModel(name="shared", project="concurrency", base_model=BASE)
+        await model_c.register(third)
+        await train_steps(model_c, 1)
+        assert await model_c.get_step() == 2
+    finally:
+        await third.close()

@@ -157,6 +157,9 @@ class ModelService:
     def close(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+        for trained in self._models.values():
+            if trained.writer_lock is not None:
+                trained.writer_lock.release()
         for base in self._bases.values():
             if base.engine is not None:
                 base.engine.close()
@@ -210,6 +213,7 @@ class ModelService:
                 trainer,
                 resolved.name,
                 config,
+                trained_step=store.step(),
             )
             if not store.checkpoint_steps():
                 replace_dir_atomic(store.checkpoint_dir(0), trained.save)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ....core import dev
-from ....core.storage import ModelStore
+from ....core.storage import ModelStore, WriterLock
 from ..engines.base import Engine
 from ..torch_thread import TorchThread
 from .checkpoints import CheckpointCache
@@ -53,7 +53,9 @@ class TrainedModel:
     trainer: Trainer
     base_model: str  # as the user named it
     config: dev.InternalModelConfig
+    trained_step: int  # the checkpoint step its adapter holds now
     published: int | None = None  # the newest step loaded into an engine with its own weights
+    writer_lock: WriterLock | None = None  # held from its first step here until unloaded
 
     def save(self, directory: Path) -> None:
         """Write the adapter and optimizer state, naming the base as the user did."""

@@ -4,11 +4,18 @@ A step runs with sole use of the training model (`registry.on_training_model`); 
 adapter is saved as checkpoint `step + 1` (written whole in a temporary directory, then
 renamed) and, for an engine that holds its own weights, loaded into it before the next
 request for the model's latest step is routed, so rollouts that follow sample from it.
+
+One writer per model: the first step a process trains takes the model's writer lock
+(`ModelStore.hold_writer_lock`), held until the model is unloaded, so a second process
+training it is refused naming the first's pid. Other processes may still load the model
+to serve or evaluate it. A step whose adapter is older than the latest checkpoint (another
+backend trained meanwhile) is refused rather than written on a stale lineage.
 """
 
 from __future__ import annotations
 
 from ....core import dev
+from ....core.errors import ConfigError
 from ....core.storage import replace_dir_atomic
 from ....core.trajectories import TrajectoryGroup
 from ....core.types import TrainConfig
@@ -25,6 +32,18 @@ def train_step(
 ) -> dict[str, float]:
     """One optimizer step on `trained`'s adapter; the checkpoint is saved and served."""
     base = trained.base
+    if trained.writer_lock is None:
+        trained.writer_lock = trained.store.hold_writer_lock()  # refused if another trains it
+    latest = trained.store.step()
+    if latest != trained.trained_step:
+        raise ConfigError(
+            "model",
+            f"{trained.store.dir} has checkpoint {latest}, written after this backend loaded "
+            f"step {trained.trained_step} (another backend trained it meanwhile); a step here "
+            "would continue from the older weights",
+            f"Register the model with a new backend to continue from step {latest}; let one "
+            "backend at a time train a model",
+        )
 
     def step() -> tuple[dict[str, float], int]:
         base.model.set_adapter(trained.adapter)
@@ -36,6 +55,7 @@ def train_step(
         return metrics, new_step
 
     metrics, new_step = on_training_model(base, step, torch_thread)
+    trained.trained_step = new_step
     publish(trained, new_step)
     return metrics
 
