@@ -66,13 +66,15 @@ async def measure_engine(engine: str, args: Any, demo: ModuleType) -> dict[str, 
                 _internal_config=art.dev.InternalModelConfig(engine=engine),  # type: ignore[arg-type]
             )
             await model.register(backend)
+            service_pid = backend._service._process.pid  # type: ignore[union-attr]
+            history = Path(path) / "engines" / "models" / "bench" / "history.jsonl"
             results: dict[str, Any] = {}
             print(f"[{engine}] rollout throughput @1 ...", flush=True)
             results["@1"] = await bench.ours_throughput(model, args, 1)
             print(f"[{engine}] rollout throughput @{args.concurrency} ...", flush=True)
             results["@c"] = await bench.ours_throughput(model, args, args.concurrency)
             print(f"[{engine}] GRPO steps ...", flush=True)
-            results["grpo"] = await bench.ours_grpo(model, args, demo)
+            results["grpo"] = await bench.ours_grpo(model, args, demo, service_pid, history)
             return results
         finally:
             await backend.close()

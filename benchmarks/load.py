@@ -9,6 +9,7 @@ what the abandoned requests cost the others once the engine drops their rows.
 
     python benchmarks/load.py                   # 256 requests, 10% disconnecting
     python benchmarks/load.py --requests 64     # a smaller run
+    python benchmarks/load.py --quick           # a smoke setting: 8 requests, 2 vanishing
 
 Loopback only; every request has a timeout, so a run is bounded.
 """
@@ -126,7 +127,10 @@ async def main() -> None:
     parser.add_argument("--disconnect", type=float, default=0.10, help="share of clients")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--no-peer", action="store_true", help="skip the run without vanishers")
+    parser.add_argument("--quick", action="store_true", help="8 requests, 2 vanishing, 4 tokens")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.disconnect, args.max_tokens = 8, 0.25, 4
     vanishing = round(args.requests * args.disconnect)
 
     import torch

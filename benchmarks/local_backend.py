@@ -16,7 +16,7 @@ Peak RSS is printed beside each time: of the model service's process for ours, o
 process for the peers (each peak reset through /proc/PID/clear_refs before its part).
 
     python benchmarks/local_backend.py            # the full run (~10 minutes on 2 cores)
-    python benchmarks/local_backend.py --quick    # a tiny smoke setting (~2 minutes)
+    python benchmarks/local_backend.py --quick    # a tiny smoke setting (seconds of work)
 
 Every number is printed beside its peer's and the ratio; benchmarks/README.md says
 what each one means. TRL comes from the `bench` extra:
@@ -125,7 +125,20 @@ class BenchArgs:
 # neither trainer skips (ours) or trains at zero advantage (TRL) any of them.
 TIE_BREAK = 1e-3
 
-QUICK = BenchArgs(max_tokens=32, seconds=4.0, warmup_seconds=1.0, rounds=1, prompts=2, steps=1)
+# A smoke setting (tests/test_benchmarks.py runs it): every measurement and the report on
+# tiny work, numbers not worth keeping.
+QUICK = BenchArgs(
+    concurrency=4,
+    max_tokens=8,
+    seconds=1.0,
+    warmup_seconds=0.0,
+    rounds=1,
+    prompts=1,
+    generations=2,
+    max_completion_tokens=8,
+    warmup_steps=0,
+    steps=1,
+)
 
 
 # --- results ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ Printed: the machine, each run's wall time, the ratio, rollouts sampled and trai
 each run's reward per step (the curve must still rise under the pipeline).
 
     python benchmarks/pipeline.py                # ~10 minutes on 2 cores
-    python benchmarks/pipeline.py --quick        # a smoke setting (~3 minutes)
+    python benchmarks/pipeline.py --quick        # a smoke setting: 2 steps x 1 group x 2
 """
 
 from __future__ import annotations
@@ -270,10 +270,12 @@ def parse() -> Settings:
     )
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="3 steps x 2 groups x 4")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 steps x 1 group x 2 rollouts, 0.2 s tool wait"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.groups, args.group_size = 3, 2, 4
+        args.steps, args.groups, args.group_size, args.tool_seconds = 2, 1, 2, 0.2
     return Settings(
         steps=args.steps,
         groups=args.groups,

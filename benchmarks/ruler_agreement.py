@@ -11,6 +11,7 @@ it orders them the other way. Peers on the same pairs: a random scorer (its mean
 and "the shorter answer is better", a heuristic that suits this task.
 
     python benchmarks/ruler_agreement.py [--groups 16] [--group-size 4] [--judge MODEL]
+    python benchmarks/ruler_agreement.py --quick    # a smoke setting: 1 group of 4, offline
 """
 
 from __future__ import annotations
@@ -178,4 +179,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--concurrency", type=int, default=4, help="judge calls at once")
     parser.add_argument("--seed", type=int, default=3)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument(
+        "--quick", action="store_true", help="1 group of 4 rollouts, the local judge (offline)"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.groups, args.group_size, args.concurrency, args.judge = 1, 4, 1, None
+    asyncio.run(main(args))

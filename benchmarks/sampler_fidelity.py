@@ -15,6 +15,7 @@ steps make); the trainer's side is one forward pass over prompt + completion of 
 wrapped model, as `PeftTrainer` computes it.
 
     python benchmarks/sampler_fidelity.py            # ~1 minute on 2 cores
+    python benchmarks/sampler_fidelity.py --quick    # a smoke setting: 1 prompt, 4 tokens
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1e-3, help="std of the LoRA B entries")
     parser.add_argument("--tokens", type=int, default=48, help="completion tokens per sample")
     parser.add_argument("--dtype", default="auto", help="as InitArgs.dtype (auto: bf16 here)")
+    parser.add_argument("--quick", action="store_true", help="1 prompt, 4 tokens per sample")
     args = parser.parse_args()
+    questions = QUESTIONS[:1] if args.quick else QUESTIONS
+    if args.quick:
+        args.tokens = 4
 
     path = models.resolve(models.DEFAULT_MODEL)
     model, tokenizer = models.load(path, args.dtype)
@@ -116,7 +121,7 @@ def main() -> None:
                 return_dict=True,
             )["input_ids"]
         )
-        for q in QUESTIONS
+        for q in questions
     ]
     cpu = next(
         (

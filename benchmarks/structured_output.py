@@ -9,6 +9,7 @@ Two measurements on the embedded default model's 49k-token vocabulary:
    both alike. The ratio constrained / unconstrained is the number that matters.
 
     .venv/bin/python benchmarks/structured_output.py [--rows 16] [--max-tokens 96] [--rounds 3]
+    .venv/bin/python benchmarks/structured_output.py --quick    # a smoke setting
 """
 
 from __future__ import annotations
@@ -123,7 +124,11 @@ async def main(args: argparse.Namespace) -> None:
 
     print("\nmask time per decode step (allowed_tokens), median over the answer's tokens:")
     for rows in (1, 32):
-        times = [t for _ in range(3) for t in mask_times(grammars, tokenizer, vocab, rows)]
+        times = [
+            t
+            for _ in range(args.mask_repeats)
+            for t in mask_times(grammars, tokenizer, vocab, rows)
+        ]
         median = statistics.median(times) * 1000
         print(f"  {rows:>2} rows: {median:6.2f} ms/step  {median / rows:6.3f} ms/token")
 
@@ -153,4 +158,9 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=16, help="sequences sampled together")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--quick", action="store_true", help="2 rows, 8 tokens, 1 round")
+    args = parser.parse_args()
+    args.mask_repeats = 3  # replays of the answer per mask-time measurement
+    if args.quick:
+        args.rows, args.max_tokens, args.rounds, args.mask_repeats = 2, 8, 1, 1
+    asyncio.run(main(args))

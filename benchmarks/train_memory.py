@@ -14,6 +14,7 @@ trainer without bounded memory is recorded as "killed" instead of taking the mac
 
     python benchmarks/train_memory.py                     # 8x2048, 8x4096, 32x2048, 32x4096
     python benchmarks/train_memory.py --settings 8x2048   # one setting
+    python benchmarks/train_memory.py --quick             # a smoke setting: 4x64
 
 `--peer trl` runs TRL's `GRPOTrainer` instead, in a child process of its own, on the same
 sequences: its `rollout_func` hands it each trajectory's last prompt (system, user, tool
@@ -318,7 +319,10 @@ async def main() -> None:
     )
     parser.add_argument("--peer", choices=["ours", "trl"], default="ours")
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="one setting, 4x64")
     args = parser.parse_args()
+    if args.quick:
+        args.settings = "4x64"
     if args.trl_child:
         n, t = (int(part) for part in args.trl_child.split("x"))
         trl_child(n, t)

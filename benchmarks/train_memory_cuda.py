@@ -16,6 +16,7 @@ Printed per setting: `torch.cuda.max_memory_allocated` and seconds of each, and 
 ratios. A side that runs out of GPU memory is recorded as "OOM".
 
     python benchmarks/train_memory_cuda.py --settings 8x2048,32x4096
+    python benchmarks/train_memory_cuda.py --quick    # a smoke setting: 4x256
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="8x2048,8x4096,32x2048,32x4096")
     parser.add_argument("--tokenizer", help="a tokenizer directory (default: the default model's)")
+    parser.add_argument("--quick", action="store_true", help="one setting, 4x256")
     args = parser.parse_args()
+    if args.quick:
+        args.settings = "4x256"
     from transformers import AutoTokenizer
 
     if args.tokenizer is None:

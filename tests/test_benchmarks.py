@@ -1,0 +1,145 @@
+"""Each benchmark's `--quick` setting runs to its printed report, as a reader starts it.
+
+A quick run's numbers are noise, so none is checked; the lines a reader relies on (the
+machine line, the table, the ratio) are, and the exit code. A benchmark that rots (an
+import path moved, a helper's signature changed) fails here, in `make test`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from art.backends.local.engines.vllm.server import INSTALL_HINT, find_vllm_python
+
+ROOT = Path(__file__).resolve().parent.parent
+
+needs_vllm = pytest.mark.skipif(
+    find_vllm_python() is None, reason=f"no vLLM environment: {INSTALL_HINT}"
+)
+needs_trl = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None,
+    reason="TRL, the GRPO peer, is not installed: pip install -c constraints.txt -e '.[bench]'",
+)
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="train_memory_cuda.py measures GPU memory: no CUDA here"
+)
+
+# (script, options after --quick, lines its output must hold), one entry per run.
+RUNS = [
+    pytest.param(
+        "engines",
+        [],
+        [
+            "machine: ",
+            "vLLM engine @1",
+            "/ generate batch @",
+            "vllm / transformers seconds per step",
+        ],
+        marks=[needs_vllm, pytest.mark.timeout(1200)],  # vLLM's start alone takes minutes here
+        id="engines",
+    ),
+    pytest.param(
+        "local_backend",
+        ["--parts", "rollout"],
+        ["machine: ", "HF generate batch @", "ours@1 / generate@1"],
+        id="local_backend-rollout",
+    ),
+    pytest.param(
+        "local_backend",
+        ["--parts", "grpo"],
+        ["machine: ", "GRPO step: ", "ours / TRL seconds per step"],
+        marks=needs_trl,
+        id="local_backend-grpo",
+    ),
+    pytest.param(
+        "load",
+        [],
+        ["machine: ", "with vanishing clients: 6 reading clients, 0 failed", "p50 ratio"],
+        id="load",
+    ),
+    pytest.param(
+        "pipeline",
+        [],
+        ["machine: ", "reward per step: ", "pipeline speed-up (sync seconds / pipeline seconds)"],
+        id="pipeline",
+    ),
+    pytest.param(
+        "ray_replicas",
+        [],
+        ["machine: ", "| RayBackend, 2 replicas |", "| **2 replicas / 1 replica** |"],
+        id="ray_replicas",
+    ),
+    pytest.param(
+        "ruler_agreement",
+        [],
+        ["machine: ", "judge: openai/", "| RULER |", "RULER / random scorer: "],
+        id="ruler_agreement",
+    ),
+    pytest.param(
+        "sampler_fidelity",
+        [],
+        ["machine: ", "  modules ", "  merged "],
+        id="sampler_fidelity",
+    ),
+    pytest.param(
+        "structured_output",
+        [],
+        ["machine: ", "32 rows: ", "constrained / unconstrained: "],
+        id="structured_output",
+    ),
+    pytest.param(
+        "train_memory",
+        [],
+        ["machine: ", "4 x 64 tokens: ", "peak_rss_gb="],
+        id="train_memory",
+    ),
+    pytest.param(
+        "train_memory_cuda",
+        [],
+        ["machine: ", "4x256: ", "ours/plain memory "],
+        marks=needs_cuda,
+        id="train_memory_cuda",
+    ),
+]
+
+
+def run_quick(script: str, *options: str) -> str:
+    """`python benchmarks/<script>.py --quick ...` in a child process; its stdout."""
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    # On a shared CPU torch's spinning OpenMP threads make decoding tens of times slower
+    # (benchmarks/README.md); one thread keeps a smoke run in seconds. A caller may override.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", *options],
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        env=env,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize(("script", "options", "expected"), RUNS)
+def test_the_quick_setting_runs_to_its_report(
+    script: str, options: list[str], expected: list[str]
+) -> None:
+    output = run_quick(script, *options)
+    missing = [line for line in expected if line not in output]
+    assert not missing, f"{missing} not in the output of {script}.py --quick:\n{output[-3000:]}"
+
+
+def test_every_benchmark_has_a_quick_run_here() -> None:
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py")}
+    covered = {param.values[0] for param in RUNS}
+    assert scripts == covered
