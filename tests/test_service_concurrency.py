@@ -321,13 +321,13 @@ async def test_register_train_log_delete_and_requests_interleaved(
 
     async def one_round(round_: int) -> None:
         other = art.TrainableModel(name=f"extra{round_}", project="concurrency", base_model=BASE)
-        await model.log([], metrics={"score": float(round_)}, split="val")
+        await model.log(None, metrics={"score": float(round_)}, split="val")
         await asyncio.gather(
             train_steps(model, 1),
             requests(round_),
             requests(round_),
             other.register(backend),
-            model.log([], metrics={"score": float(round_)}, split="val"),
+            model.log(None, metrics={"score": float(round_)}, split="val"),
             model.delete_checkpoints("val/score"),
         )
 
@@ -336,7 +336,7 @@ async def test_register_train_log_delete_and_requests_interleaved(
 
     assert len(answered) + len(refused) == 3 * 2 * 3  # every request ended
     assert all("@0" in line for line in refused), refused  # only a deleted checkpoint 404s
-    (base,) = {trained.base for trained in service._models.values()}
+    (base,) = service._bases.values()
     assert not service._registry_lock._is_owned()
     assert base.train_lock.acquire(blocking=False)
     base.train_lock.release()

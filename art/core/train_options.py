@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from . import dev
 from .errors import ConfigError, TrainingError
@@ -162,6 +162,38 @@ class TrainOptions:
     report_checkpoint: bool = True
     verbose: bool = False
     forwarded: dict[str, Any] = field(default_factory=dict)
+
+
+class LocalTrainKeywords(TypedDict, total=False):
+    """ART 0.5.18's `LocalBackend.train` keywords (`**keywords` of LocalBackend and
+    RayBackend); their defaults and meanings are `local_train_options`'s."""
+
+    learning_rate: float
+    loss_fn: Literal["cispo", "ppo"]
+    loss_fn_config: dict[str, Any] | None
+    normalize_advantages: bool
+    adam_params: Any
+    kl_penalty_coef: float
+    kl_penalty_reference_step: int | None
+    kl_ref_adapter_path: str | None
+    epsilon: float | None
+    epsilon_high: float | None
+    advantage_balance: float
+    scale_rewards: bool
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
+    max_negative_advantage_importance_sampling_weight: float | None
+    mask_prob_ratio: bool
+    kimi_k2_tau: float | None
+    precalculate_logprobs: bool
+    allow_training_without_logprobs: bool
+    plot_tensors: bool
+    truncated_importance_sampling: float | None
+    scale_learning_rate_by_reward_std_dev: bool
+    logprob_calculation_chunk_size: int
+    packed_sequence_length: int | None
+    num_trajectories_learning_rate_multiplier_power: float
+    save_checkpoint: bool
+    verbose: bool
 
 
 def local_train_options(

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
 from ...core.backend import InferenceEndpoint
 from ...core.model import Model, TrainableModel
+from ...core.train_options import LocalTrainKeywords
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig
 from ..local.backend import LocalBackend
@@ -72,71 +73,10 @@ class RayBackend:
         self,
         model: TrainableModel,
         trajectory_groups: Iterable[TrajectoryGroup],
-        *,
-        learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
-        loss_fn_config: dict[str, Any] | None = None,
-        normalize_advantages: bool = True,
-        adam_params: Any = None,
-        kl_penalty_coef: float = 0.0,
-        kl_penalty_reference_step: int | None = None,
-        kl_ref_adapter_path: str | None = None,
-        epsilon: float | None = None,
-        epsilon_high: float | None = None,
-        advantage_balance: float = 0.0,
-        scale_rewards: bool = True,
-        importance_sampling_level: Literal[
-            "token", "sequence", "average", "geometric_average"
-        ] = "token",
-        max_negative_advantage_importance_sampling_weight: float | None = None,
-        mask_prob_ratio: bool = False,
-        kimi_k2_tau: float | None = None,
-        precalculate_logprobs: bool = False,
-        allow_training_without_logprobs: bool = False,
-        plot_tensors: bool = False,
-        truncated_importance_sampling: float | None = None,
-        scale_learning_rate_by_reward_std_dev: bool = False,
-        logprob_calculation_chunk_size: int = 1024,
-        packed_sequence_length: int | None = None,
-        num_trajectories_learning_rate_multiplier_power: float = 0.0,
-        save_checkpoint: bool = True,
-        verbose: bool = False,
+        **keywords: Unpack[LocalTrainKeywords],
     ) -> LocalTrainResult:
         """One training step (ART 0.5.18's call), as `LocalBackend.train`; nothing is logged."""
-        return await self._local.train(
-            model,
-            trajectory_groups,
-            learning_rate=learning_rate,
-            loss_fn=loss_fn,
-            loss_fn_config=loss_fn_config,
-            normalize_advantages=normalize_advantages,
-            adam_params=adam_params,
-            kl_penalty_coef=kl_penalty_coef,
-            kl_penalty_reference_step=kl_penalty_reference_step,
-            kl_ref_adapter_path=kl_ref_adapter_path,
-            epsilon=epsilon,
-            epsilon_high=epsilon_high,
-            advantage_balance=advantage_balance,
-            scale_rewards=scale_rewards,
-            importance_sampling_level=importance_sampling_level,
-            max_negative_advantage_importance_sampling_weight=(
-                max_negative_advantage_importance_sampling_weight
-            ),
-            mask_prob_ratio=mask_prob_ratio,
-            kimi_k2_tau=kimi_k2_tau,
-            precalculate_logprobs=precalculate_logprobs,
-            allow_training_without_logprobs=allow_training_without_logprobs,
-            plot_tensors=plot_tensors,
-            truncated_importance_sampling=truncated_importance_sampling,
-            scale_learning_rate_by_reward_std_dev=scale_learning_rate_by_reward_std_dev,
-            logprob_calculation_chunk_size=logprob_calculation_chunk_size,
-            packed_sequence_length=packed_sequence_length,
-            num_trajectories_learning_rate_multiplier_power=(
-                num_trajectories_learning_rate_multiplier_power
-            ),
-            save_checkpoint=save_checkpoint,
-            verbose=verbose,
-        )
+        return await self._local.train(model, trajectory_groups, **keywords)
 
     async def _train(
         self,
