@@ -29,7 +29,7 @@ import asyncio
 import os
 import re
 from collections.abc import Generator, Iterable
-from typing import Any, Literal
+from typing import Any, Unpack
 
 import httpx
 
@@ -44,7 +44,7 @@ from ..core.errors import (
     TrajectoryValidationError,
 )
 from ..core.model import Model, TrainableModel
-from ..core.train_options import serverless_train_options, train_step
+from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
 from ..core.trajectories import TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig
 
@@ -204,21 +204,7 @@ class ServerlessBackend:
         self,
         model: TrainableModel,
         trajectory_groups: Iterable[TrajectoryGroup],
-        *,
-        learning_rate: float = 5e-6,
-        ppo: bool = False,
-        epsilon: float | None = None,
-        epsilon_high: float | None = None,
-        advantage_balance: float = 0.0,
-        scale_rewards: bool = True,
-        importance_sampling_level: Literal[
-            "token", "sequence", "average", "geometric_average"
-        ] = "token",
-        max_negative_advantage_importance_sampling_weight: float | None = None,
-        mask_prob_ratio: bool = False,
-        kimi_k2_tau: float | None = None,
-        precalculate_logprobs: bool = False,
-        verbose: bool = False,
+        **keywords: Unpack[ServerlessTrainKeywords],
     ) -> ServerlessTrainResult:
         """One training step on the server (ART 0.5.18's call); nothing is logged.
 
@@ -231,26 +217,11 @@ class ServerlessBackend:
         service trains with them, and `art serve` refuses each with a `ConfigError`
         naming it, before the step starts.
         """
-        options = serverless_train_options(
-            learning_rate=learning_rate,
-            ppo=ppo,
-            epsilon=epsilon,
-            epsilon_high=epsilon_high,
-            advantage_balance=advantage_balance,
-            scale_rewards=scale_rewards,
-            importance_sampling_level=importance_sampling_level,
-            max_negative_advantage_importance_sampling_weight=(
-                max_negative_advantage_importance_sampling_weight
-            ),
-            mask_prob_ratio=mask_prob_ratio,
-            kimi_k2_tau=kimi_k2_tau,
-            precalculate_logprobs=precalculate_logprobs,
-            verbose=verbose,
-        )
+        options = serverless_train_options(**keywords)
         experimental = experimental_config(options.config, options.dev_config)
 
         async def run(groups: list[TrajectoryGroup]) -> dict[str, float]:
-            return await self._job(model, groups, experimental | options.forwarded, verbose)
+            return await self._job(model, groups, experimental | options.forwarded, options.verbose)
 
         try:
             step, metrics = await train_step(self, model, trajectory_groups, options, run)

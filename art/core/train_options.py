@@ -288,6 +288,24 @@ def local_train_options(
     )
 
 
+class ServerlessTrainKeywords(TypedDict, total=False):
+    """ART 0.5.18's `ServerlessBackend.train` keywords (its `**keywords`); their defaults
+    and meanings are `serverless_train_options`'s."""
+
+    learning_rate: float
+    ppo: bool
+    epsilon: float | None
+    epsilon_high: float | None
+    advantage_balance: float
+    scale_rewards: bool
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
+    max_negative_advantage_importance_sampling_weight: float | None
+    mask_prob_ratio: bool
+    kimi_k2_tau: float | None
+    precalculate_logprobs: bool
+    verbose: bool
+
+
 def serverless_train_options(
     *,
     learning_rate: float = 5e-6,
