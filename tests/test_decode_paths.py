@@ -176,13 +176,16 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
                     if "lora_B" in name:
                         parameter.normal_(0, 0.02, generator=torch.Generator().manual_seed(round_))
             sample = _sample_all(engine, prompts, greedy, adapter="policy")[0]
-            full = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
+            # Under the pause: the engine's batch may still be leaving its adapter selection
+            # on the wrapped model when the answer arrives.
+            with engine.paused():
+                full = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
+                with wrapped.disable_adapter():
+                    unadapted = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
             assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4)
-            with wrapped.disable_adapter():
-                unadapted = _full_forward_logprobs(wrapped, prompts[0], sample.token_ids)
             assert (unadapted - full).abs().max() > 1e-2  # the adapter did act
         base_sample = _sample_all(engine, prompts, greedy, adapter=None)[0]
-        with wrapped.disable_adapter():
+        with engine.paused(), wrapped.disable_adapter():
             full = _full_forward_logprobs(wrapped, prompts[0], base_sample.token_ids)
         assert torch.allclose(full, torch.tensor(base_sample.logprobs), atol=1e-4)
     finally:
