@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Tools": "art.core.types",
     "TrainConfig": "art.core.types",
     "TrainResult": "art.core.types",
+    "TrainSFTConfig": "art.core.types",
     "LocalTrainResult": "art.core.types",
     "ServerlessTrainResult": "art.core.types",
     "Model": "art.core.model",
@@ -155,6 +156,7 @@ if TYPE_CHECKING:
     from .core.types import Tools as Tools
     from .core.types import TrainConfig as TrainConfig
     from .core.types import TrainResult as TrainResult
+    from .core.types import TrainSFTConfig as TrainSFTConfig
     from .core.utils import iterate_dataset as iterate_dataset
     from .core.utils import limit_concurrency as limit_concurrency
     from .core.utils import retry as retry

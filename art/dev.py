@@ -12,6 +12,7 @@ from .core.dev import (
     PeftArgs,
     TrainConfig,
     TrainerArgs,
+    TrainSFTConfig,
 )
 from .core.not_built import not_built_class, not_built_function
 
@@ -35,6 +36,7 @@ __all__ = [
     "PeftArgs",
     "ServerArgs",
     "TrainConfig",
+    "TrainSFTConfig",
     "TrainerArgs",
     "get_model_config",
     "get_openai_server_config",

@@ -11,6 +11,7 @@ from .core.types import (
     Tools,
     TrainConfig,
     TrainResult,
+    TrainSFTConfig,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
 ]

@@ -51,7 +51,7 @@ import torch
 
 import art
 from art.backends.local import models
-from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, tool_template_for
 from art.backends.local.service.model_service import _stop_token_ids  # the engine's own stop rule
 from art.backends.local.trainer.peft_trainer import lora_config
 from art.core.dev import PeftArgs

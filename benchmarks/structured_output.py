@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from art.backends.local import models
-from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, tool_template_for
 from art.backends.local.engines.base import SamplingParams
 from art.backends.local.engines.structured import Grammars
 from art.backends.local.engines.transformers.engine import TransformersEngine

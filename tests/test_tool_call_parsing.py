@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from art.backends.local.endpoint.chat_format import parse_tool_calls
+from art.backends.local.chat_format import parse_tool_calls
 from art.backends.local.endpoint.request import ChatCompletionRequest
 from art.backends.local.endpoint.response import Job, Route, _choice
 from art.backends.local.engines.base import Sample, SamplingParams

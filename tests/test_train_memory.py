@@ -19,7 +19,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.endpoint.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, tool_template_for
 from art.backends.local.trainer import memory
 from art.backends.local.trainer.batching import MicroBatch, pack
 from art.backends.local.trainer.logprobs import output_head, sampled_logprobs

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Unpack
 
 import httpx
@@ -40,13 +40,14 @@ from ..core.errors import (
     BackendError,
     ConfigError,
     ModelNotRegisteredError,
+    NotBuiltError,
     TrainingError,
     TrajectoryValidationError,
 )
 from ..core.model import Model, TrainableModel
 from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
-from ..core.trajectories import TrajectoryGroup
-from ..core.types import ServerlessTrainResult, TrainConfig
+from ..core.trajectories import Trajectory, TrajectoryGroup
+from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
 
 DEFAULT_BASE_URL = "https://api.training.wandb.ai/v1"
 INFERENCE_PREFIX = "wandb-artifact:///"
@@ -236,6 +237,23 @@ class ServerlessBackend:
         artifact = f"{model.entity}/{model.project}/{model.name}:step{step}"
         return ServerlessTrainResult(
             step=step, metrics=metrics, artifact_name=artifact if model.entity else None
+        )
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        examples: Iterator[tuple[str, Trajectory]],
+        *,
+        config: TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig,
+        verbose: bool,
+    ) -> list[dict[str, float]]:
+        """Not built yet: ART's client uploads SFT data as a W&B artifact, which `art serve`
+        cannot read; nothing is sent or trained."""
+        raise NotBuiltError(
+            "ServerlessBackend.train_sft",
+            "SFT through `art serve` (ART sends the data as a W&B artifact); train with "
+            "LocalBackend or RayBackend, whose checkpoints `art serve` can then serve",
         )
 
     async def _train(

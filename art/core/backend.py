@@ -6,14 +6,14 @@ calls these methods (mostly through the model) and never checks which backend it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import dev
-from .trajectories import TrajectoryGroup
-from .types import TrainConfig, TrainResult
+from .trajectories import Trajectory, TrajectoryGroup
+from .types import TrainConfig, TrainResult, TrainSFTConfig
 
 if TYPE_CHECKING:
     from .model import Model, TrainableModel
@@ -89,6 +89,23 @@ class Backend(Protocol):
         Returns the trainer's metrics (loss, grad_norm, ...). With `verbose`, the backend
         prints what it does (the step it trains, the checkpoint it saves or the job it
         follows). `model.train` and `train` both come here.
+        """
+        ...
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        examples: Iterator[tuple[str, Trajectory]],
+        *,
+        config: TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig,
+        verbose: bool,
+    ) -> list[dict[str, float]]:
+        """Supervised fine-tuning on `examples` (each `(where, trajectory)`, read once),
+        saved as one new checkpoint and served; returns each batch's metrics.
+
+        Every example is checked before any step runs; bad ones raise `SFTDataError`
+        naming each by its `where`, with nothing trained or written.
         """
         ...
 

@@ -61,6 +61,20 @@ class TrainConfig(_Config):
     )
 
 
+class TrainSFTConfig(_Config):
+    """Experimental settings of `model.train_sft(..., _config=...)` (ART's has none yet)."""
+
+    max_grad_norm: float = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm to this value."
+    )
+    gradient_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most sequences packed into one forward/backward pass; None: as many "
+        "as a micro-batch's token budget holds. Each batch is still one optimizer step.",
+    )
+
+
 class InitArgs(_Config):
     """How the base model is loaded."""
 
@@ -167,5 +181,6 @@ __all__ = [
     "InternalModelConfig",
     "PeftArgs",
     "TrainConfig",
+    "TrainSFTConfig",
     "TrainerArgs",
 ]

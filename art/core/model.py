@@ -6,7 +6,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
@@ -18,7 +18,7 @@ from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, Trainin
 from .metrics import group_metrics
 from .storage import check_metrics, check_split
 from .trajectories import Trajectory, TrajectoryGroup
-from .types import TrainConfig
+from .types import TrainConfig, TrainSFTConfig
 from .validation import check_trainable, coerce_groups
 
 logger = logging.getLogger("art")
@@ -399,6 +399,51 @@ class TrainableModel(Model):
             shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(row.items()))
             print(f"[{self.name}] step {step} -> {step + 1}: {shown}")
         await self._record(backend, [], "train", step, {f"train/{k}": v for k, v in row.items()})
+
+    async def train_sft(
+        self,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig | None = None,
+        _config: dev.TrainSFTConfig | dict[str, Any] | None = None,
+        verbose: bool = False,
+    ) -> None:
+        """Supervised fine-tuning on the assistant turns of `trajectories` (ART's call).
+
+        The trajectories are taken `config.batch_size` at a time, one optimizer step per
+        batch at its learning rate (`config.learning_rate`: one rate, or one per batch);
+        only the assistant's tokens (text and tool calls) count in the loss. Every
+        trajectory is checked before any step runs (`SFTDataError` names each bad one).
+        The same LoRA adapter RL trains is trained, saved as checkpoint `step + 1` and
+        served at once, so `model.train` continues from it. `history.jsonl` gets one
+        `train_sft/` row per batch (loss, tokens, learning_rate, seconds). The
+        trajectories are read once, as they come: a generator need not fit in memory.
+        """
+        examples = ((f"trajectories[{i}]", t) for i, t in enumerate(trajectories))
+        await self._train_sft(examples, config, _config, verbose)
+
+    async def _train_sft(
+        self,
+        examples: Iterator[tuple[str, Trajectory]],
+        config: TrainSFTConfig | None,
+        _config: dev.TrainSFTConfig | dict[str, Any] | None,
+        verbose: bool,
+    ) -> None:
+        """`train_sft` on examples that each carry where they came from (`file:line`)."""
+        backend = self._registered_backend("train_sft")
+        if isinstance(_config, dict):  # ART's dev.TrainSFTConfig is a dict
+            _config = dev.TrainSFTConfig(**_config)
+        rows = await backend._train_sft(
+            self,
+            examples,
+            config=config or TrainSFTConfig(),
+            dev_config=_config or dev.TrainSFTConfig(),
+            verbose=verbose,
+        )
+        step = await backend.get_step(self)
+        for row in rows:
+            await self._record(
+                backend, [], "train_sft", step, {f"train_sft/{k}": v for k, v in row.items()}
+            )
 
 
 __all__ = ["Model", "TrainableModel"]

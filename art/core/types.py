@@ -7,12 +7,12 @@ the OpenAI client type-check here unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .config_errors import ConfigModel
 
@@ -35,6 +35,45 @@ class TrainConfig(ConfigModel):
         ge=0,
         description="Weight of the KL penalty towards the base model; 0 turns it off.",
     )
+
+
+class TrainSFTConfig(ConfigModel):
+    """Settings of one `model.train_sft(...)` call (ART's names and defaults).
+
+    `learning_rate` is one rate for every batch, or a list holding one rate per batch
+    (`art.utils.sft.train_sft_from_file` passes its schedule so). `batch_size` is the
+    trajectories per optimizer step; "auto" is 2, as in ART's LocalBackend.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learning_rate: float | list[float] = Field(
+        default=5e-5, description="One rate for every batch, or one per batch."
+    )
+    batch_size: int | Literal["auto"] = Field(
+        default="auto", description="Trajectories per optimizer step; 'auto' is 2."
+    )
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive_rates(cls, value: float | list[float]) -> float | list[float]:
+        rates = value if isinstance(value, list) else [value]
+        if not rates:
+            raise ValueError("the list of learning rates is empty; give one rate per batch")
+        if any(not rate >= 0 for rate in rates):  # also catches NaN
+            raise ValueError("learning rates must be >= 0")
+        return value
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive_batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("batch_size must be >= 1 (or 'auto')")
+        return value
+
+    def resolved_batch_size(self) -> int:
+        """The batch size, with "auto" resolved."""
+        return 2 if self.batch_size == "auto" else self.batch_size
 
 
 @dataclass
@@ -73,4 +112,5 @@ __all__ = [
     "Tools",
     "TrainConfig",
     "TrainResult",
+    "TrainSFTConfig",
 ]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
@@ -12,10 +13,13 @@ from ...core.backend import InferenceEndpoint
 from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
 from ...core.registration import refuse_changed_registration
+from ...core.sft_data import spool_examples
 from ...core.storage import ModelStore
 from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import LocalTrainResult, TrainConfig
+from ...core.trajectories import Trajectory, TrajectoryGroup
+from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
+
+logger = logging.getLogger("art")
 
 if TYPE_CHECKING:
     from .process import ServiceProcess
@@ -189,6 +193,48 @@ class LocalBackend:
                     f"{store.checkpoint_dir(store.step())}"
                 )
             return metrics
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        examples: Iterator[tuple[str, Trajectory]],
+        *,
+        config: TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig,
+        verbose: bool,
+    ) -> list[dict[str, float]]:
+        service = self._model_service()
+        store = self._store(model)
+        async with self._lock(model):
+            # Spooled to a file the service streams: the examples are read once, as they
+            # come, and need not fit in memory (nor cross to the service process at once).
+            spool, count = await asyncio.to_thread(spool_examples, examples, store.dir)
+            try:
+                if count == 0:
+                    logger.warning("%s: train_sft got no trajectories; nothing trained", model.name)
+                    return []
+                if verbose:
+                    print(
+                        f"[{model.project}/{model.name}] SFT on {count} trajectories, "
+                        f"batch_size={config.resolved_batch_size()}, making checkpoint "
+                        f"{store.step() + 1}"
+                    )
+                rows: list[dict[str, float]] = await asyncio.to_thread(
+                    service.train_sft,
+                    model.project,
+                    model.name,
+                    str(spool),
+                    config.learning_rate,
+                    config.resolved_batch_size(),
+                    dev_config.model_dump(mode="json"),
+                )
+            finally:
+                spool.unlink(missing_ok=True)
+            if verbose:
+                print(
+                    f"[{model.project}/{model.name}] saved and serving {store.checkpoint_dir(store.step())}"
+                )
+            return rows
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         store = self._store(model)

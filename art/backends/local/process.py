@@ -116,6 +116,20 @@ class ServiceProcess:
         )
         return result
 
+    def train_sft(
+        self,
+        project: str,
+        name: str,
+        spool: str,
+        learning_rate: float | list[float],
+        batch_size: int,
+        dev_config: dict[str, Any],
+    ) -> list[dict[str, float]]:
+        result: list[dict[str, float]] = self._call(
+            "train_sft", project, name, spool, learning_rate, batch_size, dev_config
+        )
+        return result
+
     def forget_deleted_checkpoints(self, project: str, name: str) -> None:
         self._call("forget_deleted_checkpoints", project, name)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...core import dev
 from ...core.errors import TrainingError
-from ...core.trajectories import TrajectoryGroup
+from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import TrainConfig
 from ..local import models
 from ..local.service.placement import TrainerSpec
@@ -117,8 +117,26 @@ class TrainerWorker:
             chat_template,
         )
 
+    def sft_step(
+        self,
+        trajectories_json: list[str],
+        learning_rate: float,
+        dev_config: dict[str, Any],
+        chat_template: str | None,
+    ) -> dict[str, float]:
+        trajectories = [Trajectory.model_validate_json(text) for text in trajectories_json]
+        return self.trainer.sft_step(
+            trajectories,
+            learning_rate,
+            dev.TrainSFTConfig.model_validate(dev_config),
+            chat_template,
+        )
+
     def save(self, directory: str) -> None:
         self.trainer.save(Path(directory))
+
+    def restore(self, directory: str) -> None:
+        self.trainer.restore(Path(directory))
 
 
 StartWorker = Callable[[int, str | None], Any]  # (rank, checkpoint or None) -> actor handle
@@ -141,10 +159,7 @@ class TrainerGroup:
         dev_config: dev.TrainConfig,
         chat_template: str | None = None,
     ) -> dict[str, float]:
-        if self._workers is None:  # the last group failed: start from the last checkpoint
-            self._start(str(self.spec.latest_checkpoint()))
-        workers = self._workers
-        assert workers is not None
+        workers = self._running()
         calls = [
             worker.step.remote(
                 [group.model_dump_json() for group in groups[rank :: self.world_size]],
@@ -156,6 +171,40 @@ class TrainerGroup:
         ]
         results: list[dict[str, float]] = self._gather(calls, "a training step")
         return results[0]  # every rank holds the summed metrics
+
+    def sft_step(
+        self,
+        trajectories: list[Trajectory],
+        learning_rate: float,
+        dev_config: dev.TrainSFTConfig,
+        chat_template: str | None = None,
+    ) -> dict[str, float]:
+        """A supervised step, each worker on its share of the batch (as `step`)."""
+        workers = self._running()
+        calls = [
+            worker.sft_step.remote(
+                [t.model_dump_json() for t in trajectories[rank :: self.world_size]],
+                learning_rate,
+                dev_config.model_dump(mode="json"),
+                chat_template,
+            )
+            for rank, worker in enumerate(workers)
+        ]
+        results: list[dict[str, float]] = self._gather(calls, "a supervised step")
+        return results[0]
+
+    def restore(self, directory: Path) -> None:
+        """Every worker back to the checkpoint in `directory` (a new group if it failed)."""
+        if self._workers is None:
+            self._start(str(directory))
+            return
+        self._gather([w.restore.remote(str(directory)) for w in self._workers], "restoring")
+
+    def _running(self) -> list[Any]:
+        if self._workers is None:  # the last group failed: start from the last checkpoint
+            self._start(str(self.spec.latest_checkpoint()))
+        assert self._workers is not None
+        return self._workers
 
     def save(self, directory: Path) -> None:
         workers = self._workers

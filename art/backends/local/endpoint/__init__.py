@@ -3,7 +3,6 @@
 - `server.py`: the HTTP app (`/v1/chat/completions`, `/v1/models`) and its `Router` seam.
 - `request.py`: what a chat completion request may hold, and how a bad one is answered.
 - `response.py`: completions, whole or streamed, each choice with its token ids and logprobs.
-- `chat_format.py`: the chat template with tools rendered; tool calls parsed from text.
 
-It renders and tokenizes; an engine (`..engines`) samples token ids.
+It renders (with `..chat_format`, which the trainer renders with too) and tokenizes; an engine (`..engines`) samples token ids.
 """

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat_format import parse_tool_calls, tool_call
 from ..engines.base import Engine, Sample, SamplingParams
-from .chat_format import parse_tool_calls, tool_call
 from .request import ChatCompletionRequest
 
 logger = logging.getLogger("art.endpoint")

@@ -26,9 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..chat_format import render_prompt
 from ..engines.base import AdapterGone, EngineUnavailable, Sample, SamplingParams
 from ..engines.structured import Grammar, GrammarError, Grammars
-from .chat_format import render_prompt
 from .request import (
     BODY_BYTES_PER_TOKEN,
     MIN_BODY_BYTES,

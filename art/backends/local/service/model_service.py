@@ -43,7 +43,7 @@ from ....core.trajectories import TrajectoryGroup
 from ....core.types import TrainConfig
 from ....core.validation import check_trainable
 from .. import models
-from ..endpoint.chat_format import tool_template_for
+from ..chat_format import tool_template_for
 from ..endpoint.response import Route, no_release
 from ..endpoint.server import build_app
 from ..engines.base import Engine
@@ -53,6 +53,7 @@ from ..torch_thread import shared as torch_thread
 from .checkpoints import CheckpointCache
 from .placement import Placement, Trainer, TrainerSpec
 from .registry import LoadedBase, TrainedModel, adapter_name, on_training_model
+from .sft import train_sft
 from .training import publish, train_step
 
 _SERVED_CHECKPOINTS = 4  # checkpoints kept loaded for `name@step` requests, unleased
@@ -342,13 +343,7 @@ class ModelService:
         dev_config: dict[str, Any],
     ) -> dict[str, float]:
         """One training step; the new adapter is saved as the next checkpoint and served."""
-        trained = self._models.get(f"{project}/{name}")
-        if trained is None:
-            raise ConfigError(
-                "model",
-                f"{project}/{name} is not registered with this backend",
-                "Register it first",
-            )
+        trained = self._registered(project, name)
         groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
         objective = dev.TrainConfig.model_validate(dev_config)
         # Again here, for callers that reach the service without `model.train` (art serve).
@@ -356,6 +351,36 @@ class ModelService:
         return train_step(
             trained, groups, TrainConfig.model_validate(config), objective, self._torch
         )
+
+    def train_sft(
+        self,
+        project: str,
+        name: str,
+        spool: str,
+        learning_rate: float | list[float],
+        batch_size: int,
+        dev_config: dict[str, Any],
+    ) -> list[dict[str, float]]:
+        """Supervised fine-tuning on the examples spooled at `spool` (checked first), one
+        step per batch; the adapter is saved as the next checkpoint and served."""
+        return train_sft(
+            self._registered(project, name),
+            Path(spool),
+            learning_rate,
+            batch_size,
+            dev.TrainSFTConfig.model_validate(dev_config),
+            self._torch,
+        )
+
+    def _registered(self, project: str, name: str) -> TrainedModel:
+        trained = self._models.get(f"{project}/{name}")
+        if trained is None:
+            raise ConfigError(
+                "model",
+                f"{project}/{name} is not registered with this backend",
+                "Register it first",
+            )
+        return trained
 
     # --- routing ----------------------------------------------------------------------------
 

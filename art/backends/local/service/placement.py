@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ....core import dev
-from ....core.trajectories import TrajectoryGroup
+from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
 from ..engines.base import Engine
 from ..engines.start import EngineSpec
@@ -34,8 +34,22 @@ class Trainer(Protocol):
         chat_template: str | None = None,
     ) -> dict[str, float]: ...
 
+    def sft_step(
+        self,
+        trajectories: list[Trajectory],
+        learning_rate: float,
+        dev_config: dev.TrainSFTConfig,
+        chat_template: str | None = None,
+    ) -> dict[str, float]:
+        """One supervised optimizer step on the assistant turns of `trajectories`."""
+        ...
+
     def save(self, directory: Path) -> None:
         """Write the adapter and optimizer state into `directory`."""
+        ...
+
+    def restore(self, directory: Path) -> None:
+        """Set the adapter and optimizer back to the checkpoint in `directory`."""
         ...
 
 

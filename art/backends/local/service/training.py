@@ -32,18 +32,7 @@ def train_step(
 ) -> dict[str, float]:
     """One optimizer step on `trained`'s adapter; the checkpoint is saved and served."""
     base = trained.base
-    if trained.writer_lock is None:
-        trained.writer_lock = trained.store.hold_writer_lock()  # refused if another trains it
-    latest = trained.store.step()
-    if latest != trained.trained_step:
-        raise ConfigError(
-            "model",
-            f"{trained.store.dir} has checkpoint {latest}, written after this backend loaded "
-            f"step {trained.trained_step} (another backend trained it meanwhile); a step here "
-            "would continue from the older weights",
-            f"Register the model with a new backend to continue from step {latest}; let one "
-            "backend at a time train a model",
-        )
+    claim_writer(trained)
 
     def step() -> tuple[dict[str, float], int]:
         base.model.set_adapter(trained.adapter)
@@ -60,6 +49,23 @@ def train_step(
     return metrics
 
 
+def claim_writer(trained: TrainedModel) -> None:
+    """Hold the model's writer lock (refused while another process trains it), and refuse
+    to train on an adapter older than the latest checkpoint."""
+    if trained.writer_lock is None:
+        trained.writer_lock = trained.store.hold_writer_lock()  # refused if another trains it
+    latest = trained.store.step()
+    if latest != trained.trained_step:
+        raise ConfigError(
+            "model",
+            f"{trained.store.dir} has checkpoint {latest}, written after this backend loaded "
+            f"step {trained.trained_step} (another backend trained it meanwhile); a step here "
+            "would continue from the older weights",
+            f"Register the model with a new backend to continue from step {latest}; let one "
+            "backend at a time train a model",
+        )
+
+
 def publish(trained: TrainedModel, step: int) -> None:
     """Make checkpoint `step` what `name` serves, on an engine with its own weights (one
     that samples from the training model serves the trained adapter already)."""
@@ -72,4 +78,4 @@ def publish(trained: TrainedModel, step: int) -> None:
     trained.published = step
 
 
-__all__ = ["publish", "train_step"]
+__all__ = ["claim_writer", "publish", "train_step"]

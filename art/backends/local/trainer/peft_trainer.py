@@ -16,7 +16,7 @@ import contextlib
 import math
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ....core import dev
 from ....core.errors import ConfigError, TrainingError
-from ....core.trajectories import TrajectoryGroup
+from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
 from .advantages import group_advantages
 from .batching import PACKED_ROW_TOKENS, MicroBatch, pack
@@ -228,12 +228,100 @@ class PeftTrainer:
         dev_config: dev.TrainConfig,
         chat_template: str | None = None,
     ) -> dict[str, float]:
-        """Train on `groups` with one optimizer step; return the step's metrics.
+        """Train on `groups` with one GRPO optimizer step; return the step's metrics.
 
         The step is planned before anything runs: a sequence that cannot fit the memory
         budget even alone raises `TrainingError` with the adapter untouched.
         """
         sequences, advantages = self._sequences(groups, dev_config, chat_template)
+        loss_config = LossConfig.from_configs(config, dev_config)
+        names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
+        if loss_config.beta > 0:
+            names.append("kl")
+
+        def loss(batch: MicroBatch, flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
+            result = grpo_loss(
+                batch.per_sequence(flat),
+                batch.old_logprobs,
+                batch.advantages,
+                batch.mask,
+                loss_config,
+                ref_logprobs,
+            )
+            terms = {
+                "policy_loss": float(result.policy_loss),
+                "clip_fraction": float(result.clip_fraction),
+                "mean_ratio": float(result.mean_ratio),
+            }
+            if result.kl is not None:
+                terms["kl"] = float(result.kl)
+            return result.loss, terms
+
+        return self._optimize(
+            sequences,
+            advantages,
+            loss,
+            names,
+            learning_rate=config.learning_rate,
+            max_grad_norm=dev_config.max_grad_norm,
+            max_sequences=dev_config.gradient_accumulation_sequences,
+        )
+
+    def sft_step(
+        self,
+        trajectories: list[Trajectory],
+        learning_rate: float,
+        dev_config: dev.TrainSFTConfig,
+        chat_template: str | None = None,
+    ) -> dict[str, float]:
+        """One supervised optimizer step on the assistant turns of `trajectories`.
+
+        The loss is the mean negative log-likelihood over every assistant token of the
+        batch (text and tool calls, rendered by the same chat template the endpoint
+        renders prompts with); other tokens are context. Planned and measured as `step`.
+        """
+        sequences: list[TrainingSequence] = []
+        for i, trajectory in enumerate(trajectories):
+            sequences += tokenize_trajectory(
+                trajectory,
+                self.tokenizer,
+                group_index=i,
+                trajectory_index=0,
+                chat_template=chat_template,
+                allow_training_without_logprobs=True,
+            )
+        weights = {(sequence.group_index, 0): 1.0 for sequence in sequences}
+
+        def loss(batch: MicroBatch, flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            return -flat.mean(), {}
+
+        return self._optimize(
+            sequences,
+            weights,
+            loss,
+            ["loss", "entropy"],
+            learning_rate=learning_rate,
+            max_grad_norm=dev_config.max_grad_norm,
+            max_sequences=dev_config.gradient_accumulation_sequences,
+        )
+
+    def _optimize(
+        self,
+        sequences: list[TrainingSequence],
+        advantages: dict[tuple[int, int], float],
+        loss: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+        names: list[str],
+        *,
+        learning_rate: float,
+        max_grad_norm: float,
+        max_sequences: int | None,
+    ) -> dict[str, float]:
+        """One optimizer step minimising the token-level mean of `loss` over `sequences`.
+
+        `loss(batch, logprobs)` gives a micro-batch's mean loss over its trained tokens and
+        further per-token means to report (`names` lists every metric reported so).
+        """
         sequences, truncated = truncate(sequences, self.init_args.max_seq_length)
         # Position 0 predicts nothing, so only tokens 1.. count.
         local_tokens = sum(sum(sequence.trained[1:]) for sequence in sequences)
@@ -244,20 +332,16 @@ class PeftTrainer:
         if self.sync is not None:  # every worker weights its micro-batches by the step's total
             self.sync.sum(counts)
         tokens = int(counts[1])
-        loss_config = LossConfig.from_configs(config, dev_config)
         metrics = {
             "sequences_trained": float(counts[0]),
             "tokens_trained": float(counts[1]),
             "truncated_tokens": float(counts[2]),
         }
-        names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
-        if loss_config.beta > 0:
-            names.append("kl")
         sums = dict.fromkeys(names, 0.0)
         if tokens == 0:  # every worker sees the same total, so all of them return here
             return metrics | sums | {"grad_norm": 0.0}
 
-        plan = self._plan(sequences, dev_config) if local_tokens else _Plan([], 0)
+        plan = self._plan(sequences, max_sequences) if local_tokens else _Plan([], 0)
         self.model.set_adapter(self.adapter)  # inference may have switched to another
         self._train_mode()
         progress = tqdm(
@@ -275,42 +359,29 @@ class PeftTrainer:
                     batch = MicroBatch.of(
                         chosen, advantages, self.device, share_prefixes=planned.shares_prefixes
                     )
-                    ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
                     flat, entropy = self._logprobs(batch)
-                    result = grpo_loss(
-                        batch.per_sequence(flat),
-                        batch.old_logprobs,
-                        batch.advantages,
-                        batch.mask,
-                        loss_config,
-                        ref_logprobs,
-                    )
+                    value, terms = loss(batch, flat)
                     # Each micro-batch's mean weighted by its share of the tokens: the sum
                     # of the gradients is that of one token-level mean over the whole step.
                     share = float(batch.mask.sum()) / tokens
-                    torch.autograd.backward(result.loss * share)
-                    sums["loss"] += float(result.loss.detach()) * share
-                    sums["policy_loss"] += float(result.policy_loss) * share
-                    sums["clip_fraction"] += float(result.clip_fraction) * share
-                    sums["mean_ratio"] += float(result.mean_ratio) * share
+                    torch.autograd.backward(value * share)
+                    sums["loss"] += float(value.detach()) * share
                     sums["entropy"] += float(entropy.sum()) / tokens
-                    if result.kl is not None:
-                        sums["kl"] += float(result.kl) * share
+                    for name, term in terms.items():
+                        sums[name] += term * share
                     progress.update()
                     progress.set_postfix(peak_memory_gb=f"{peak.peak_gib():.2f}")
 
             if self.sync is not None:
                 self._sum_over_workers(sums)
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.parameters, dev_config.max_grad_norm)
-            )
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
             if not math.isfinite(grad_norm):
                 raise TrainingError(
                     f"the gradient norm is {grad_norm}; the adapter was left unchanged. "
                     "Lower the learning rate, or check the rewards and sampler logprobs"
                 )
             for param_group in self.optimizer.param_groups:
-                param_group["lr"] = config.learning_rate
+                param_group["lr"] = learning_rate
             self.optimizer.step()
             self.steps += 1
         finally:
@@ -385,6 +456,17 @@ class PeftTrainer:
         self.optimizer.load_state_dict(torch.load(path, weights_only=True))
         return True
 
+    def restore(self, directory: Path) -> None:
+        """Set the adapter and the optimizer back to the checkpoint in `directory` (after
+        a call of several steps failed part way)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
+        set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter)
+        if not self.load_optimizer(directory):
+            self.optimizer.state.clear()
+
     def _sequences(
         self, groups: list[TrajectoryGroup], dev_config: dev.TrainConfig, chat_template: str | None
     ) -> tuple[list[TrainingSequence], dict[tuple[int, int], float]]:
@@ -409,7 +491,7 @@ class PeftTrainer:
                 )
         return sequences, advantages
 
-    def _plan(self, sequences: Sequence[TrainingSequence], dev_config: dev.TrainConfig) -> _Plan:
+    def _plan(self, sequences: Sequence[TrainingSequence], max_sequences: int | None) -> _Plan:
         """Micro-batches and checkpointing that fit the memory budget, or a `TrainingError`."""
         budget = memory_budget(self.device, self.trainer_args.memory_budget_gb)
         forced = self.trainer_args.gradient_checkpointing
@@ -420,7 +502,6 @@ class PeftTrainer:
             raise TrainingError(self._too_long(longest, budget, checkpointed=forced is not False))
         lengths = [len(sequence.token_ids) for sequence in sequences]
         row = min(capacity, PACKED_ROW_TOKENS)
-        max_sequences = dev_config.gradient_accumulation_sequences
         units = self._units(sequences, row, max_sequences)
         # A unit of several sequences (a prefix tree) is a micro-batch of its own: two trees
         # in one row would make each token's attention span both (see `row_cost`), for

@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
 from ....core.errors import TrainingError
 from ....core.trajectories import Trajectory, messages_of
 from ....core.types import MessageOrChoice, Messages, Tool
+from ..chat_format import render_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -227,18 +228,14 @@ def _render(
     *,
     add_generation_prompt: bool,
 ) -> str:
-    # transformers types conversations as str-valued dicts; ours also hold tool calls.
-    conversation = cast("list[dict[str, str]]", [dict(message) for message in messages])
-    text = tokenizer.apply_chat_template(
-        conversation,
-        tools=[dict(tool) for tool in tools] if tools else None,
-        chat_template=chat_template,
+    # The endpoint's renderer, so a trained turn reads as the model saw its prompts.
+    return render_prompt(
+        tokenizer,
+        [dict(message) for message in messages],
+        [dict(tool) for tool in tools] if tools else None,
+        chat_template,
         add_generation_prompt=add_generation_prompt,
-        tokenize=False,
     )
-    if not isinstance(text, str):
-        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}")
-    return text
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

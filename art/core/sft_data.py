@@ -1,0 +1,324 @@
+"""Supervised fine-tuning data: chat JSONL checked line by line, streamed, and scheduled.
+
+A line is one conversation in the chat fine-tuning format, `{"messages": [...], "tools":
+[...]}`; its assistant turns (text and tool calls) are what SFT trains. A file is checked
+whole before anything trains (`check_file`), every bad line named as `file:line` with the
+field at fault, then streamed (`iterate_file`): epochs, a bounded shuffle buffer and a
+skip for resuming, never the whole file in memory. `create_lr_schedule` gives ART's
+per-batch learning rates (linear, cosine or constant decay after a linear warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from .errors import ArtValueError
+from .trajectories import Trajectory, messages_of
+
+ScheduleType = Literal["cosine", "linear", "constant"]
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# Keys of a line other than these are refused: one we do not read (the OpenAI format's
+# per-message `weight`, say) would otherwise be silently ignored.
+_LINE_KEYS = {"messages", "tools", "parallel_tool_calls"}
+_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+_SHOWN_PROBLEMS = 50
+
+
+class SFTDataError(ArtValueError):
+    """SFT data that cannot be trained: `problems` lists each as `where: field: problem`."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.problems = problems
+        shown = problems[:_SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        listed = "\n  ".join(shown) + (f"\n  ... and {more} more" if more else "")
+        super().__init__(
+            source,
+            f"{len(problems)} bad example(s):\n  {listed}\n",
+            "Fix or remove these examples; nothing was trained or written",
+        )
+
+
+def conversation_problems(data: Any) -> list[str]:
+    """What is wrong with one chat-format example (a parsed JSONL line), as `field: problem`."""
+    if not isinstance(data, dict):
+        return [f"line: expected a JSON object, got {type(data).__name__}"]
+    problems = [
+        f"{key}: not a field of the chat format (it has messages, tools)"
+        for key in data
+        if key not in _LINE_KEYS
+    ]
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return [*problems, "messages: expected a non-empty list of chat messages"]
+    problems += _message_problems(messages)
+    problems += _tools_problems(data.get("tools"))
+    return problems
+
+
+def trajectory_problems(trajectory: Trajectory) -> list[str]:
+    """What keeps `trajectory` from training with SFT: each conversation needs an
+    assistant turn, and every message a valid role, content and tool calls."""
+    problems = _message_problems(messages_of(trajectory.messages_and_choices))
+    for h, history in enumerate(trajectory.additional_histories):
+        where = f"additional_histories[{h}]."
+        problems += [
+            where + p for p in _message_problems(messages_of(history.messages_and_choices))
+        ]
+    return problems
+
+
+def _message_problems(messages: Sequence[Any]) -> list[str]:
+    problems: list[str] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            problems.append(f"{where}: expected an object, got {type(message).__name__}")
+            continue
+        role = message.get("role")
+        if role not in ROLES:
+            problems.append(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
+            continue
+        problems += [
+            f"{where}.{key}: not a field of a chat message"
+            for key in message
+            if key not in _MESSAGE_KEYS
+        ]
+        content = message.get("content")
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls is not None:
+            problems += _tool_call_problems(calls, f"{where}.tool_calls")
+        elif calls is not None:
+            problems.append(f"{where}.tool_calls: only assistant messages call tools")
+        if content is None and not (role == "assistant" and calls):
+            problems.append(f"{where}.content: missing (only an assistant's tool call may omit it)")
+        elif content is not None and not _is_content(content):
+            problems.append(f"{where}.content: expected a string or a list of text parts")
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        problems.append("messages: no assistant turn, so nothing to train")
+    return problems
+
+
+def _is_content(content: Any) -> bool:
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    )
+
+
+def _tool_call_problems(calls: Any, where: str) -> list[str]:
+    if not isinstance(calls, list):
+        return [f"{where}: expected a list of tool calls"]
+    problems: list[str] = []
+    for k, call in enumerate(calls):
+        at = f"{where}[{k}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            problems.append(f"{at}.function: expected an object with name and arguments")
+            continue
+        if call.get("type", "function") != "function":
+            problems.append(f"{at}.type: {call.get('type')!r}; only 'function' calls exist")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            problems.append(f"{at}.function.name: expected the tool's name")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as error:
+                problems.append(f"{at}.function.arguments: not JSON ({error.msg})")
+                continue
+        if not isinstance(arguments, dict):
+            problems.append(f"{at}.function.arguments: expected a JSON object")
+    return problems
+
+
+def _tools_problems(tools: Any) -> list[str]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        return ["tools: expected a list of tool schemas"]
+    problems: list[str] = []
+    for k, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            problems.append(f"tools[{k}].function.name: expected a function tool with a name")
+    return problems
+
+
+def parse_line(text: str) -> tuple[Trajectory | None, list[str]]:
+    """One JSONL line as a trajectory, or None and what is wrong with it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        return None, [f"line: not JSON ({error.msg} at column {error.colno})"]
+    problems = conversation_problems(data)
+    if problems:
+        return None, problems
+    try:
+        trajectory = Trajectory(messages_and_choices=data["messages"], tools=data.get("tools"))
+    except ValidationError as error:
+        return None, [
+            f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in error.errors()
+        ]
+    return trajectory, []
+
+
+def check_file(path: str | Path) -> int:
+    """The number of examples in the JSONL file at `path`, after checking every line.
+
+    Raises `SFTDataError` naming each bad line (`file:line: field: problem`); blank lines
+    are skipped. Reads the file once, a line at a time.
+    """
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        raise ArtValueError(
+            "file_path", f"{path} is not a .jsonl file", "Write the examples as JSON Lines"
+        )
+    if not path.is_file():
+        raise ArtValueError("file_path", f"{path} does not exist", "Pass the path of a file")
+    rows = 0
+    problems: list[str] = []
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            rows += 1
+            _, found = parse_line(line)
+            problems += [f"{path}:{number}: {problem}" for problem in found]
+    if problems:
+        raise SFTDataError(str(path), problems)
+    return rows
+
+
+def iterate_file(
+    path: str | Path, *, epochs: int = 1, shuffle_buffer_size: int = 10_000, initial_skip: int = 0
+) -> Iterator[tuple[str, Trajectory]]:
+    """The file's examples, each with its `file:line`, `epochs` times, shuffled within a
+    buffer of `shuffle_buffer_size` (seeded per epoch, so a resumed run sees the same
+    order), the first `initial_skip` left out. Check the file first (`check_file`)."""
+    skipped = 0
+    for epoch in range(epochs):
+        rng = random.Random(42 + epoch)
+        for item in _buffer_shuffled(_lines(Path(path)), shuffle_buffer_size, rng):
+            if skipped < initial_skip:
+                skipped += 1
+                continue
+            yield item
+
+
+def _lines(path: Path) -> Iterator[tuple[str, Trajectory]]:
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            trajectory, problems = parse_line(line)
+            if trajectory is None:  # changed since it was checked
+                raise SFTDataError(str(path), [f"{path}:{number}: {p}" for p in problems])
+            yield f"{path}:{number}", trajectory
+
+
+def _buffer_shuffled(
+    items: Iterator[tuple[str, Trajectory]], size: int, rng: random.Random
+) -> Iterator[tuple[str, Trajectory]]:
+    buffer: list[tuple[str, Trajectory]] = []
+    for item in items:
+        if len(buffer) < max(size, 1):
+            buffer.append(item)
+            continue
+        k = rng.randrange(len(buffer))
+        yield buffer[k]
+        buffer[k] = item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def spool_examples(examples: Iterable[tuple[str, Trajectory]], directory: Path) -> tuple[Path, int]:
+    """Write `examples` (read once) to a JSONL file in `directory` for the trainer to
+    stream, checking each; returns the file and the count. Bad examples raise
+    `SFTDataError` naming every one, and leave no file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=".sft-", suffix=".jsonl", dir=directory)
+    path = Path(name)
+    count = 0
+    problems: list[str] = []
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            for where, trajectory in examples:
+                if not isinstance(trajectory, Trajectory):
+                    problems.append(
+                        f"{where}: expected an art.Trajectory, got {type(trajectory).__name__}"
+                    )
+                    continue
+                problems += [f"{where}: {problem}" for problem in trajectory_problems(trajectory)]
+                if not problems:
+                    line = {"where": where, "trajectory": trajectory.model_dump(mode="json")}
+                    file.write(json.dumps(line) + "\n")
+                count += 1
+        if problems:
+            raise SFTDataError("trajectories", problems)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path, count
+
+
+def read_spool(path: Path) -> Iterator[tuple[str, Trajectory]]:
+    """The examples `spool_examples` wrote, in order."""
+    with path.open(encoding="utf-8") as file:
+        for line in file:
+            data = json.loads(line)
+            yield data["where"], Trajectory.model_validate(data["trajectory"])
+
+
+def create_lr_schedule(
+    total_steps: int,
+    peak_lr: float,
+    method: ScheduleType = "linear",
+    warmup_steps: int = 0,
+    min_lr: float = 0.0,
+) -> list[float]:
+    """One learning rate per step: a linear warm-up from `min_lr` to `peak_lr` over
+    `warmup_steps` (the first step above `min_lr`), then `method`'s decay to `min_lr` at
+    the last step ("constant" stays at `peak_lr`)."""
+    if method not in ("cosine", "linear", "constant"):
+        raise ArtValueError(
+            "schedule_type", f"{method!r} is not a schedule", "Use 'linear', 'cosine' or 'constant'"
+        )
+    rates: list[float] = []
+    decay_steps = total_steps - warmup_steps
+    for step in range(max(total_steps, 0)):
+        if step < warmup_steps:
+            rates.append(min_lr + (peak_lr - min_lr) * (step + 1) / warmup_steps)
+            continue
+        progress = (step - warmup_steps) / (decay_steps - 1) if decay_steps > 1 else 0.0
+        if method == "cosine":
+            rates.append(min_lr + (peak_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress)))
+        elif method == "linear":
+            rates.append(peak_lr - (peak_lr - min_lr) * progress)
+        else:
+            rates.append(peak_lr)
+    return rates
+
+
+__all__ = [
+    "SFTDataError",
+    "check_file",
+    "conversation_problems",
+    "create_lr_schedule",
+    "iterate_file",
+    "parse_line",
+    "read_spool",
+    "spool_examples",
+    "trajectory_problems",
+]

@@ -1,0 +1,120 @@
+"""ART's `art.utils.sft`: supervised fine-tuning from a chat JSONL file.
+
+    await train_sft_from_file(model, "data/train.jsonl", epochs=3, batch_size=4, peak_lr=2e-4)
+
+The file is checked whole first (every bad line named as `file:line`, nothing trained
+when one is bad), then streamed: a file larger than memory trains.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from ..core import dev
+from ..core.errors import ArtValueError
+from ..core.sft_data import (
+    ScheduleType,
+    SFTDataError,
+    check_file,
+    create_lr_schedule,
+    iterate_file,
+)
+from ..core.types import TrainSFTConfig
+
+if TYPE_CHECKING:
+    from ..core.model import TrainableModel
+
+logger = logging.getLogger("art")
+
+
+async def train_sft_from_file(
+    model: TrainableModel,
+    file_path: str,
+    epochs: int = 1,
+    batch_size: int = 2,
+    peak_lr: float = 2e-4,
+    schedule_type: ScheduleType = "linear",
+    warmup_ratio: float = 0.1,
+    initial_step: int = 0,
+    final_step: int | None = None,
+    _config: dev.TrainSFTConfig | dict[str, Any] | None = None,
+    verbose: bool = False,
+    shuffle_buffer_size: int = 10_000,
+) -> None:
+    """Fine-tune `model` on the conversations of a chat JSONL file (ART's call and defaults).
+
+    Each line is `{"messages": [...], "tools": [...]}`; its assistant turns are trained.
+    The examples are seen `epochs` times, shuffled within `shuffle_buffer_size`, in
+    batches of `batch_size`, one optimizer step each. The learning rate of batch k is
+    `create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))[k]`
+    over all the file's batches; `initial_step` and `final_step` (exclusive) train a
+    slice of them, so a long run can be split into calls with evaluations between (each
+    call saves one checkpoint). An empty file, or a slice past the end, trains nothing
+    and says so.
+    """
+    _check_arguments(epochs, batch_size, peak_lr, warmup_ratio, initial_step, final_step)
+    if shuffle_buffer_size < 1:
+        raise ArtValueError("shuffle_buffer_size", f"is {shuffle_buffer_size}", "Use 1 or more")
+    rows = check_file(file_path)
+    total = math.ceil(rows * epochs / batch_size)
+    if rows == 0 or initial_step >= total:
+        logger.warning(
+            "train_sft_from_file: %s has %d example(s), %d batch(es); initial_step=%d leaves "
+            "nothing to train",
+            file_path,
+            rows,
+            total,
+            initial_step,
+        )
+        return
+    schedule = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
+    rates = schedule[initial_step : min(final_step, total) if final_step is not None else None]
+    if verbose:
+        print(
+            f"[{model.name}] SFT on {file_path}: {rows} examples x {epochs} epoch(s), "
+            f"batches {initial_step}..{initial_step + len(rates)} of {total}, "
+            f"batch_size={batch_size}, {schedule_type} schedule, peak_lr={peak_lr:g}"
+        )
+    examples = itertools.islice(
+        iterate_file(
+            file_path,
+            epochs=epochs,
+            shuffle_buffer_size=shuffle_buffer_size,
+            initial_skip=initial_step * batch_size,
+        ),
+        len(rates) * batch_size,
+    )
+    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size)
+    await model._train_sft(examples, config, _config, verbose)
+
+
+def _check_arguments(
+    epochs: int,
+    batch_size: int,
+    peak_lr: float,
+    warmup_ratio: float,
+    initial_step: int,
+    final_step: int | None,
+) -> None:
+    checks = [
+        ("epochs", epochs >= 1, f"is {epochs}", "Use 1 or more"),
+        ("batch_size", batch_size >= 1, f"is {batch_size}", "Use 1 or more"),
+        ("peak_lr", peak_lr > 0, f"is {peak_lr}", "Use a positive learning rate"),
+        ("warmup_ratio", 0 <= warmup_ratio <= 1, f"is {warmup_ratio}", "Use 0.0 to 1.0"),
+        ("initial_step", initial_step >= 0, f"is {initial_step}", "Use 0 or more"),
+        (
+            "final_step",
+            final_step is None or final_step > initial_step,
+            f"is {final_step}, not after initial_step={initial_step}",
+            "Use a batch index after initial_step, or None for the end of the file",
+        ),
+    ]
+    for field, ok, problem, fix in checks:
+        if not ok:
+            raise ArtValueError(field, problem, fix)
+
+
+__all__ = ["SFTDataError", "create_lr_schedule", "iterate_file", "train_sft_from_file"]
