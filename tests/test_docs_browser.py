@@ -106,7 +106,8 @@ def test_a_page_renders_with_navigation_in_chromium(
     nav = re.search(
         r'<nav class="md-nav md-nav--primary".*?</nav>\s*</div>\s*</div>\s*</div>', dom, re.S
     )
-    nav_text = nav.group(0) if nav else dom
+    assert nav is not None, f"no primary navigation on {url}"
+    nav_text = nav.group(0)
     for entry in ("Concepts", "Guides", "Coming from ART", "API", "Benchmarks"):
         assert entry in nav_text, f"{entry} not in the navigation of {url}"
     assert 'class="md-search"' in dom  # the search box
