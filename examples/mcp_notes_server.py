@@ -42,6 +42,7 @@ def open_store(path: str) -> sqlite3.Connection:
     return connection
 
 
+# --8<-- [start:server]
 def build_server(db_path: str) -> MCPServer:
     """The notes server over the database at `db_path`."""
     store = open_store(db_path)
@@ -62,6 +63,8 @@ def build_server(db_path: str) -> MCPServer:
         )
         store.commit()
         return f"added note {cursor.lastrowid}"
+
+    # --8<-- [end:server]
 
     @server.tool()
     async def list_notes(tag: str | None = None) -> str:

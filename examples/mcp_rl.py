@@ -43,6 +43,7 @@ from art.mcp import (
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SERVER = Path(__file__).resolve().parent / "mcp_notes_server.py"
+# --8<-- [start:config]
 # "required": every turn is a tool call, so even a 135M model exercises the tools; the
 # built-in complete_task call is how it ends a rollout early.
 ROLLOUT = MCPRolloutConfig(max_turns=3, max_tokens=64, tool_choice="required", fresh_sessions=True)
@@ -50,11 +51,16 @@ RUBRIC = (
     "Score higher the agent that calls tools which fit the task, with sensible "
     "arguments, avoids tool errors, and finishes with complete_task and a correct summary."
 )
+# --8<-- [end:config]
 
 
+# --8<-- [start:reward]
 def completed_cleanly(trajectory: art.Trajectory) -> float:
     """Held-out reward: 1 for a rollout that called complete_task without a tool error."""
     return float(bool(trajectory.metrics["completed"]) and trajectory.metrics["tool_errors"] == 0)
+
+
+# --8<-- [end:reward]
 
 
 def spread(groups: list[art.TrajectoryGroup]) -> int:
@@ -77,6 +83,7 @@ async def main(arguments: argparse.Namespace) -> None:
             f"resuming the run in {run_dir} at step {await model.get_step()} (--fresh starts over)"
         )
 
+    # --8<-- [start:scenarios]
     judge_model = arguments.judge or f"openai/{BASE_MODEL}"
     judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
     if arguments.judge is None:
@@ -105,10 +112,12 @@ async def main(arguments: argparse.Namespace) -> None:
             max_task_length=120,
         )
         train, val = scenarios.split(count - arguments.val)
+        # --8<-- [end:scenarios]
 
         failures = 0
         while (step := await model.get_step()) < arguments.steps:
             batch = train.scenarios[step * arguments.groups : (step + 1) * arguments.groups]
+            # --8<-- [start:step]
             groups = await art.gather_trajectory_groups(
                 (
                     art.TrajectoryGroup(
@@ -128,6 +137,7 @@ async def main(arguments: argparse.Namespace) -> None:
                 continue
             failures = 0
             await model.train(groups, config=art.TrainConfig(learning_rate=arguments.learning_rate))
+            # --8<-- [end:step]
             trajectories = [t for g in groups for t in g]
             calls = sum(float(t.metrics["tool_calls"]) for t in trajectories)
             errors = sum(float(t.metrics["tool_errors"]) for t in trajectories)
@@ -139,6 +149,7 @@ async def main(arguments: argparse.Namespace) -> None:
                 f"{errors / max(calls, 1):.0%} of them errors"
             )
 
+        # --8<-- [start:evaluate]
         evaluation = await evaluate(
             model, val, server, reward_scorer(completed_cleanly), config=ROLLOUT, pbar_desc="val"
         )
@@ -146,6 +157,7 @@ async def main(arguments: argparse.Namespace) -> None:
         for result in evaluation.results:
             print(f"  val {result.mean_reward:.0f}  {result.task}")
         print(f"held-out: {evaluation.mean_reward:.2f} of rollouts completed without tool errors")
+        # --8<-- [end:evaluate]
 
     await backend.close()
     print(f"trained to step {step} in {time.monotonic() - started:.0f}s; run stored in {run_dir}")

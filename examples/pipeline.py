@@ -72,6 +72,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.fresh and run_dir.exists():
         print(f"starting afresh (--fresh): removing the previous run in {run_dir}")
         shutil.rmtree(run_dir)
+    # --8<-- [start:model]
     backend = LocalBackend(path=args.path)
     model = art.TrainableModel(
         name="arithmetic",
@@ -80,6 +81,7 @@ async def main(args: argparse.Namespace) -> None:
         _internal_config=art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[]),
     )
     await model.register(backend)
+    # --8<-- [end:model]
     start = await model.get_step()
     if start >= args.steps:
         print(f"the run in {run_dir} is at step {start} already (--steps is the total)")
@@ -88,6 +90,7 @@ async def main(args: argparse.Namespace) -> None:
     if start:
         print(f"resuming the run in {run_dir} at step {start} (--fresh starts over)")
 
+    # --8<-- [start:trainer]
     async def group_rollout(
         model: art.TrainableModel, scenario: dict[str, int], config: argparse.Namespace
     ) -> art.TrajectoryGroup:
@@ -111,6 +114,7 @@ async def main(args: argparse.Namespace) -> None:
         log_interval_seconds=30,
     )
     await trainer.train()
+    # --8<-- [end:trainer]
     for line in (run_dir / "history.jsonl").read_text().splitlines():
         row = json.loads(line)
         if "train/reward" in row:

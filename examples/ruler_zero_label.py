@@ -82,6 +82,7 @@ async def main(arguments: argparse.Namespace) -> None:
             f"resuming the run in {run_dir} at step {await model.get_step()} (--fresh starts over)"
         )
 
+    # --8<-- [start:judge]
     judge_model: str = arguments.judge or f"openai/{BASE_MODEL}"
     judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
     if arguments.judge is None:
@@ -110,6 +111,7 @@ async def main(arguments: argparse.Namespace) -> None:
             pbar_desc=f"step {step + 1}/{arguments.steps}",
             after_each=score,
         )
+        # --8<-- [end:judge]
         if not groups:
             failures += 1
             if failures == 3:

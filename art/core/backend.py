@@ -41,6 +41,13 @@ class InferenceEndpoint(BaseModel):
 
 @runtime_checkable
 class Backend(Protocol):
+    """Where a model is served and trained: what `Model` and `TrainableModel` call.
+
+    `LocalBackend`, `RayBackend`, `ServerlessBackend` and `SkyPilotBackend` implement it;
+    client code calls these methods (mostly through the model) and never checks which
+    backend it has. `train` is ART 0.5.18's `backend.train`: it trains and does not log.
+    """
+
     async def register(self, model: Model) -> InferenceEndpoint | None:
         """Set up storage (and, for a trainable model, serving) for `model`.
 

@@ -38,3 +38,4 @@ trajectory_group_batches = not_built_function(
     "gather each step's groups with `await art.gather_trajectory_groups(...)` "
     "(rollouts of a step run concurrently), then `await model.train(groups)`",
 )
+"""ART's batching helper, not built here: raises `NotBuiltError` naming what to use instead."""

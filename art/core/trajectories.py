@@ -35,6 +35,7 @@ from .errors import TrajectoryValidationError
 from .types import Message, MessageOrChoice, Messages, Tool
 
 MetadataValue: TypeAlias = float | int | str | bool | None
+"""A value of `Trajectory.metadata` or a group's metadata: a scalar the Parquet log can store."""
 MetricValue: TypeAlias = float | int | bool
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")

@@ -17,11 +17,17 @@ from pydantic import ConfigDict, Field, field_validator
 from .config_errors import ConfigModel
 
 Message: TypeAlias = ChatCompletionMessageParam
+"""A chat message as the OpenAI client takes it (a dict with `role` and `content`): context."""
 MessageOrChoice: TypeAlias = Message | Choice
+"""A plain message (context) or an OpenAI `Choice` the model sampled (a trained turn)."""
 Messages: TypeAlias = list[Message]
+"""A conversation of plain messages, as `Trajectory.messages()` returns it."""
 MessagesAndChoices: TypeAlias = list[MessageOrChoice]
+"""A trajectory's conversation: plain messages and the sampled `Choice`s, in order."""
 Tool: TypeAlias = ChatCompletionToolParam
+"""A tool schema as the OpenAI client takes it (`{"type": "function", "function": {...}}`)."""
 Tools: TypeAlias = list[Tool]
+"""The tools the model was offered in a rollout."""
 
 
 class TrainConfig(ConfigModel):
