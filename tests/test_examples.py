@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,31 @@ def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
     assert "held-out:" in result.stdout
     run = tmp_path / "art-mcp" / "models" / "notes-agent"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+
+
+def test_sft_then_rl_teaches_the_format_then_trains_from_that_checkpoint(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "sft_then_rl.py"),
+            "--rl-steps",
+            "1",
+            "--path",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rates = {
+        when: float(rate)
+        for when, rate in re.findall(
+            r"^(.*?)(?: \(step \d+\))?: format rate ([\d.]+)", result.stdout, re.M
+        )
+    }
+    assert rates["before SFT"] == 0.0, result.stdout
+    assert rates["after SFT"] >= 0.8, result.stdout
+    assert "after RL (step 2): format rate" in result.stdout
+    run = tmp_path / "art-sft" / "models" / "format"
+    assert (run / "checkpoints" / "0002" / "adapter_model.safetensors").is_file()
