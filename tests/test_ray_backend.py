@@ -8,6 +8,8 @@ late, a trainer worker last).
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -222,6 +224,47 @@ async def test_the_seed_training_loop_trains_two_steps_and_both_replicas_serve_e
     assert await model.get_step() == 2
     # One metrics row per step, at the step its rollouts were sampled from.
     assert [row["step"] for row in store.read_history()][-2:] == [0, 1]
+
+
+async def test_sft_runs_data_parallel_and_every_replica_serves_its_checkpoint(
+    model: art.TrainableModel, backend_path: Path
+) -> None:
+    """80 examples of an answer format the base never writes, 10 batches each split over
+    the two trainer workers: one checkpoint, loaded on both replicas, writes the format."""
+    backend = model.backend()
+    assert isinstance(backend, RayBackend)
+    store = ModelStore(str(backend_path), model.project, model.name)
+    before = await model.get_step()
+    rng = random.Random(0)
+    pairs = [(rng.randint(1, 60), rng.randint(1, 60)) for _ in range(88)]
+
+    def conversation(a: int, b: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"What is {a} plus {b}?"}]
+
+    trajectories = (
+        art.Trajectory(
+            messages_and_choices=[
+                *conversation(a, b),
+                {"role": "assistant", "content": f"[[answer: {a + b}]]"},
+            ]
+        )
+        for a, b in pairs[:80]
+    )
+    await model.train_sft(trajectories, art.TrainSFTConfig(learning_rate=1e-3, batch_size=8))
+    step = await model.get_step()
+    assert step == before + 1
+    published = [name for name in replicas(backend)[0]["adapters"] if f"_step{step}_" in name]
+    assert len(published) == 1
+    for status in replicas(backend):
+        assert published[0] in status["adapters"]
+    rows = [row for row in store.read_history() if "train_sft/loss" in row]
+    assert len(rows) == 10
+    assert all(row["train_sft/tokens"] > 0 for row in rows)
+    answers = await asyncio.gather(
+        *(ask(model, conversation(a, b), temperature=0, max_tokens=12) for a, b in pairs[80:])
+    )
+    written = [(answer.message.content or "").strip() for answer in answers]
+    assert sum(bool(re.match(r"^\[\[answer: \d+\]\]$", text)) for text in written) >= 6, written
 
 
 async def test_two_trainer_workers_make_the_same_update_as_one(

@@ -11,15 +11,15 @@ rank 0 writes each checkpoint where this process's service put its temporary dir
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
 from ...core.backend import InferenceEndpoint
 from ...core.model import Model, TrainableModel
 from ...core.train_options import LocalTrainKeywords
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import LocalTrainResult, TrainConfig
+from ...core.trajectories import Trajectory, TrajectoryGroup
+from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ..local.backend import LocalBackend
 from .config import RayConfig
 
@@ -89,6 +89,21 @@ class RayBackend:
     ) -> dict[str, float]:
         return await self._local._train(
             model, groups, config=config, dev_config=dev_config, verbose=verbose
+        )
+
+    async def _train_sft(
+        self,
+        model: TrainableModel,
+        examples: Iterator[tuple[str, Trajectory]],
+        *,
+        config: TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig,
+        verbose: bool,
+    ) -> list[dict[str, float]]:
+        """Supervised fine-tuning as `LocalBackend`'s, each batch split over the trainer
+        group's workers as a step's groups are."""
+        return await self._local._train_sft(
+            model, examples, config=config, dev_config=dev_config, verbose=verbose
         )
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
