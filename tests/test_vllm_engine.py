@@ -345,6 +345,50 @@ async def test_asking_for_vllm_without_it_says_how_to_install_it(
     assert raised.value.field == "_internal_config.engine"
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_sft_checkpoints_are_served_by_vllm_at_once(backend: LocalBackend) -> None:
+    """SFT on 80 examples of a format the base never writes: vLLM serves the checkpoint
+    the call saved (as `name` and `name@step`), and writes the format."""
+    model = art.TrainableModel(name="sft", project="vllm", base_model=BASE, _internal_config=CONFIG)
+    await model.register(backend)
+    client = model.openai_client()
+    pairs = [(a, b) for a in range(3, 60, 5) for b in range(5, 50, 6)][:88]
+
+    async def rate(name: str) -> float:
+        answers = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=name,
+                    messages=ask(f"What is {a} plus {b}?"),  # type: ignore[arg-type]
+                    max_tokens=12,
+                    temperature=0,
+                )
+                for a, b in pairs[80:]
+            )
+        )
+        texts = [(answer.choices[0].message.content or "").strip() for answer in answers]
+        return sum(text.startswith("[[answer: ") and text.endswith("]]") for text in texts) / len(
+            texts
+        )
+
+    assert await rate(model.get_inference_name()) == 0.0
+    await model.train_sft(
+        (
+            art.Trajectory(
+                messages_and_choices=[
+                    *ask(f"What is {a} plus {b}?"),
+                    {"role": "assistant", "content": f"[[answer: {a + b}]]"},
+                ]
+            )
+            for a, b in pairs[:80]
+        ),
+        art.TrainSFTConfig(learning_rate=1e-3, batch_size=8),
+    )
+    assert await model.get_step() == 1
+    assert await rate(model.get_inference_name()) >= 0.8
+    assert await rate(f"{model.get_inference_name()}@1") >= 0.8
+
+
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="sleep/wake and dedicated mode need CUDA GPUs; this machine has none",
