@@ -61,6 +61,8 @@ def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, di
         ("GET", f"{jobs}/{job_id}"),
         ("GET", f"{jobs}/{job_id}/events"),
         ("POST", "/v1/preview/sft-training-jobs"),
+        ("POST", f"{models}/{MODEL}/sft-data"),
+        ("POST", f"{models}/{MODEL}/sft-data/sft-data-{'0' * 32}"),
         ("POST", "/v1/keys"),
         ("GET", "/v1/keys"),
         ("DELETE", "/v1/keys/key-x"),
@@ -220,7 +222,23 @@ def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, di
     events = f"{jobs}/{job_id}/events"
     for query in ("after=x", "after=-1", "limit=0", "limit=101", "wait=-1", "wait=999", "wait=x"):
         cases.append(("GET", f"{events}?{query}", {}))
-    post("/v1/preview/sft-training-jobs", {"model_id": MODEL, "training_data_url": "x"})
+    sft_jobs = "/v1/preview/sft-training-jobs"
+    missing_upload = f"art-serve:///sft-data/sft-data-{'0' * 32}"
+    for body in (
+        {"model_id": MODEL, "training_data_url": "x"},
+        {"model_id": MODEL},
+        {"model_id": MODEL, "training_data_url": "wandb-artifact:///e/p/data:v0"},
+        {"model_id": MODEL, "training_data_url": "art-serve:///sft-data/../../model.json"},
+        {"model_id": MODEL, "training_data_url": missing_upload},
+        {"model_id": "fuzz~missing", "training_data_url": missing_upload},
+        {"model_id": MODEL, "training_data_url": missing_upload, "config": {"batch_size": 0}},
+        {"model_id": MODEL, "training_data_url": missing_upload, "config": {"epochs": 2}},
+    ):
+        post(sft_jobs, body)
+    for upload in ("nope", "sft-data-..%2F..%2Fmodel", f"sft-data-{'0' * 32}"):
+        cases.append(("POST", f"{models}/{MODEL}/sft-data/{upload}", {"content": b"{}\n"}))
+    cases.append(("POST", f"{models}/fuzz~missing/sft-data", {"content": b"{}\n"}))
+    cases.append(("POST", f"{models}/{MODEL}/sft-data", {"content": b"x" * (2 * 2**20)}))
 
     # Keys.
     for body in (
@@ -263,6 +281,7 @@ def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, di
         ("POST", models, {"project": "other", "name": "x", "base_model": "bad\u0000name"}),
         ("GET", f"{models}/{MODEL}", None),
         ("POST", f"{models}/{MODEL}/log", {"metrics": {"x": 1}}),
+        ("POST", f"{models}/{MODEL}/sft-data", {"messages": []}),
         ("DELETE", f"{models}/{MODEL}", None),
         ("GET", f"{jobs}/{job_id}", None),
         ("GET", f"{jobs}/{job_id}/events", None),

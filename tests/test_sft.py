@@ -13,16 +13,20 @@ import asyncio
 import json
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
+from serve_server import KEY, Server
 
 import art
+from art.backends import serverless
 from art.core.sft_data import SFTDataError, create_lr_schedule, iterate_file
 from art.local import LocalBackend
+from art.serverless.backend import ServerlessBackend
 from art.utils.sft import train_sft_from_file
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -301,3 +305,74 @@ def test_schedules_and_config_errors_name_the_field() -> None:
         art.dev.TrainSFTConfig(max_grad_norm=0)
     with pytest.raises(art.ConfigError, match="nonsense"):
         art.dev.TrainSFTConfig(nonsense=1)  # type: ignore[call-arg]
+
+
+# --- ServerlessBackend through a real `art serve` -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("serve-sft") / ".art")
+    yield running
+    running.stop()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_serverless_sft_uploads_in_parts_and_trains_on_art_serve(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serverless, "_UPLOAD_PART_BYTES", 2048)  # ~20 parts for 80 examples
+    backend = ServerlessBackend(base_url=server.url, api_key=KEY)
+    model = art.TrainableModel(name="format", project="sft", base_model=BASE)
+    await model.register(backend)
+    pairs = _pairs(96, seed=0)
+    held_out = [_question(a, b) for a, b in pairs[80:]]
+    assert await _format_rate(model, held_out) == 0.0
+
+    bad = [art.Trajectory(messages_and_choices=_question(1, 2))]  # no assistant turn
+    with pytest.raises(SFTDataError, match=r"trajectories\[0\]: messages: no assistant turn"):
+        await model.train_sft(bad)
+
+    trajectories = [
+        art.Trajectory(messages_and_choices=_example(a, b)["messages"]) for a, b in pairs[:80]
+    ]
+    await model.train_sft(trajectories, art.TrainSFTConfig(learning_rate=1e-3, batch_size=8))
+    assert await model.get_step() == 1
+    assert await _format_rate(model, held_out) >= 0.8
+    rows = [
+        row
+        for row in _history(server.path / "sft" / "models" / "format")
+        if "train_sft/loss" in row
+    ]
+    assert [row["train_sft/batch"] for row in rows] == list(range(10))
+    assert not list((server.path / ".art-serve" / "sft-data").rglob("*.jsonl"))  # consumed
+
+    # A client other than ours: every bad line of an upload is a 400 naming it.
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}
+    ) as http:
+        model_id = "sft~format"
+        upload = await http.post(
+            f"/preview/models/{model_id}/sft-data",
+            content=(json.dumps(_example(1, 2)) + "\n{broken\n").encode(),
+        )
+        assert upload.status_code == 200, upload.text
+        job = await http.post(
+            "/preview/sft-training-jobs",
+            json={"model_id": model_id, "training_data_url": upload.json()["url"]},
+        )
+        assert job.status_code == 400
+        error = job.json()["error"]
+        assert error["code"] == "SFTDataError"
+        assert error["problems"] == [
+            f"{upload.json()['url']}:2: line: not JSON (Expecting property name enclosed in double quotes at column 2)"
+        ]
+        missing = await http.post(
+            "/preview/sft-training-jobs",
+            json={
+                "model_id": model_id,
+                "training_data_url": "art-serve:///sft-data/sft-data-" + "0" * 32,
+            },
+        )
+        assert missing.status_code == 404
+    assert await model.get_step() == 1

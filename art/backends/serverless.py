@@ -26,9 +26,12 @@ returns the existing model): a log or a training job is never sent twice.
 from __future__ import annotations
 
 import asyncio
+import json as json_module
 import os
 import re
+import tempfile
 from collections.abc import Generator, Iterable, Iterator
+from pathlib import Path
 from typing import Any, Unpack
 
 import httpx
@@ -40,11 +43,11 @@ from ..core.errors import (
     BackendError,
     ConfigError,
     ModelNotRegisteredError,
-    NotBuiltError,
     TrainingError,
     TrajectoryValidationError,
 )
 from ..core.model import Model, TrainableModel
+from ..core.sft_data import SFTDataError, trajectory_problems
 from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
@@ -55,6 +58,7 @@ STEP_SEPARATOR = ":step"
 _POLL_SECONDS = 20.0  # how long one events request waits on `art serve` for news
 _RETRY_STATUSES = (502, 503, 504)
 _PAGE_LIMIT = 100
+_UPLOAD_PART_BYTES = 16 * 1024 * 1024  # under art serve's default 64 MiB body limit
 _EXPERIMENTAL = "experimental_config."
 _VALUE_ERRORS: dict[str, type[ArtValueError]] = {
     cls.__name__: cls for cls in (ArtValueError, ConfigError, TrajectoryValidationError)
@@ -248,13 +252,47 @@ class ServerlessBackend:
         dev_config: dev.TrainSFTConfig,
         verbose: bool,
     ) -> list[dict[str, float]]:
-        """Not built yet: ART's client uploads SFT data as a W&B artifact, which `art serve`
-        cannot read; nothing is sent or trained."""
-        raise NotBuiltError(
-            "ServerlessBackend.train_sft",
-            "SFT through `art serve` (ART sends the data as a W&B artifact); train with "
-            "LocalBackend or RayBackend, whose checkpoints `art serve` can then serve",
-        )
+        """SFT through `art serve`: the examples are checked, written as chat JSONL and
+        uploaded in parts (`art serve`'s extension; the managed service reads W&B artifacts
+        instead, which this client does not write), then an SFT job trains on them and
+        reports one `gradient_step` per batch.
+
+        The API's SFT config has a learning rate and a batch size only: a non-default
+        `_config`, or a trajectory with `additional_histories`, is refused by name.
+        """
+        if dev_config != dev.TrainSFTConfig():
+            raise ConfigError(
+                "_config",
+                "the Training API's SFT jobs take a learning rate and a batch size only",
+                "Leave _config unset with ServerlessBackend",
+            )
+        model_id = self._id(model)
+        with tempfile.TemporaryDirectory(prefix="art-sft-") as scratch:
+            data, count = await asyncio.to_thread(_chat_jsonl, examples, Path(scratch))
+            if count == 0:
+                return []
+            url = await self._upload(model_id, data)
+        body: dict[str, Any] = {
+            "model_id": model_id,
+            "training_data_url": url,
+            "config": {"learning_rate": config.learning_rate},
+        }
+        if config.batch_size != "auto":
+            body["config"]["batch_size"] = config.batch_size
+        job = await self._request("POST", "/preview/sft-training-jobs", json=body, idempotent=False)
+        return await self._follow(str(job["id"]), verbose)
+
+    async def _upload(self, model_id: str, data: Path) -> str:
+        """Send `data` to the server in parts of at most `_UPLOAD_PART_BYTES` (whole lines);
+        returns the URL an SFT job reads it by."""
+        upload: dict[str, Any] | None = None
+        for part in _parts(data, _UPLOAD_PART_BYTES):
+            path = f"/preview/models/{model_id}/sft-data"
+            if upload is not None:
+                path += f"/{upload['id']}"
+            upload = await self._request("POST", path, content=part, idempotent=False)
+        assert upload is not None
+        return str(upload["url"])
 
     async def _train(
         self,
@@ -292,7 +330,8 @@ class ServerlessBackend:
                 "there; once it is back, register the model again and check "
                 "`await model.get_step()` before training on"
             ) from error
-        return await self._follow(str(job["id"]), verbose)
+        rows = await self._follow(str(job["id"]), verbose)
+        return rows[-1] if rows else {}
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         """Keep the latest checkpoint and the best on `best_checkpoint_metric`; delete the rest."""
@@ -353,10 +392,11 @@ class ServerlessBackend:
                 return found
             params["after"] = page["data"][-1]["id"]
 
-    async def _follow(self, job_id: str, verbose: bool) -> dict[str, float]:
-        """Read the job's events until it ends, resuming after the last event seen."""
+    async def _follow(self, job_id: str, verbose: bool) -> list[dict[str, float]]:
+        """Read the job's events until it ends, resuming after the last event seen;
+        returns the metrics of each `gradient_step`."""
         after: str | None = None
-        metrics: dict[str, float] = {}
+        metrics: list[dict[str, float]] = []
         while True:
             params: dict[str, Any] = {"limit": _PAGE_LIMIT, "wait": _POLL_SECONDS}
             if after is not None:
@@ -382,7 +422,7 @@ class ServerlessBackend:
                 if verbose:
                     print(f"[{job_id}] {event['type']}: {data}")
                 if event["type"] == "gradient_step":
-                    metrics = {k: float(v) for k, v in data.items()}
+                    metrics.append({k: float(v) for k, v in data.items()})
                 elif event["type"] == "training_ended":
                     return metrics
                 elif event["type"] == "training_failed":
@@ -411,6 +451,7 @@ class ServerlessBackend:
         path: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         params: dict[str, Any] | None = None,
         idempotent: bool | None = None,
         read_timeout: float | None = None,
@@ -424,6 +465,7 @@ class ServerlessBackend:
                     method,
                     path,
                     json=json,
+                    content=content,
                     params=params,
                     timeout=self.timeout if read_timeout is None else read_timeout,
                 )
@@ -465,6 +507,8 @@ def _result(method: str, url: str, response: httpx.Response) -> Any:
         message = str(error.get("message") or error.get("detail") or body)
     except (ValueError, AttributeError):
         error, message = {}, response.text[:500]
+    if error.get("code") == "SFTDataError" and isinstance(error.get("problems"), list):
+        raise SFTDataError(str(error.get("param")), [str(p) for p in error["problems"]])
     cls = _VALUE_ERRORS.get(str(error.get("code")))
     if cls is not None and "problem" in error:
         raise cls(str(error.get("param")), str(error["problem"]), str(error.get("fix", "")))
@@ -477,6 +521,44 @@ def _result(method: str, url: str, response: httpx.Response) -> Any:
             "started with (`art serve --api-key` or its ART_API_KEY) or one it issued"
         )
     raise BackendError(f"{method} {url} failed with {response.status_code}: {message}")
+
+
+def _chat_jsonl(examples: Iterator[tuple[str, Trajectory]], directory: Path) -> tuple[Path, int]:
+    """The examples as the API's chat JSONL (`messages`, `tools`), each checked first;
+    `SFTDataError` names every bad one."""
+    path = directory / "train.jsonl"
+    problems: list[str] = []
+    count = 0
+    with path.open("w", encoding="utf-8") as file:
+        for where, trajectory in examples:
+            found = trajectory_problems(trajectory)
+            if trajectory.additional_histories:
+                found.append(
+                    "additional_histories: the SFT API takes one conversation per example; "
+                    "send each history as a trajectory of its own"
+                )
+            problems += [f"{where}: {problem}" for problem in found]
+            line: dict[str, Any] = {"messages": trajectory.messages()}
+            if trajectory.tools:
+                line["tools"] = trajectory.tools
+            file.write(json_module.dumps(line, default=str) + "\n")
+            count += 1
+    if problems:
+        raise SFTDataError("trajectories", problems)
+    return path, count
+
+
+def _parts(path: Path, size: int) -> Iterator[bytes]:
+    """The file in parts of about `size` bytes, each ending at a line's end."""
+    part = bytearray()
+    with path.open("rb") as file:
+        for line in file:
+            if part and len(part) + len(line) > size:
+                yield bytes(part)
+                part.clear()
+            part += line
+    if part:
+        yield bytes(part)
 
 
 def _rebuild(data: dict[str, Any]) -> Exception:

@@ -174,13 +174,15 @@ def parse_line(text: str) -> tuple[Trajectory | None, list[str]]:
     return trajectory, []
 
 
-def check_file(path: str | Path) -> int:
+def check_file(path: str | Path, label: str | None = None) -> int:
     """The number of examples in the JSONL file at `path`, after checking every line.
 
-    Raises `SFTDataError` naming each bad line (`file:line: field: problem`); blank lines
-    are skipped. Reads the file once, a line at a time.
+    Raises `SFTDataError` naming each bad line (`file:line: field: problem`, the file
+    named `label` where given); blank lines are skipped. Reads the file once, a line at
+    a time.
     """
     path = Path(path)
+    name = label or str(path)
     if path.suffix != ".jsonl":
         raise ArtValueError(
             "file_path", f"{path} is not a .jsonl file", "Write the examples as JSON Lines"
@@ -195,14 +197,19 @@ def check_file(path: str | Path) -> int:
                 continue
             rows += 1
             _, found = parse_line(line)
-            problems += [f"{path}:{number}: {problem}" for problem in found]
+            problems += [f"{name}:{number}: {problem}" for problem in found]
     if problems:
-        raise SFTDataError(str(path), problems)
+        raise SFTDataError(name, problems)
     return rows
 
 
 def iterate_file(
-    path: str | Path, *, epochs: int = 1, shuffle_buffer_size: int = 10_000, initial_skip: int = 0
+    path: str | Path,
+    *,
+    epochs: int = 1,
+    shuffle_buffer_size: int = 10_000,
+    initial_skip: int = 0,
+    label: str | None = None,
 ) -> Iterator[tuple[str, Trajectory]]:
     """The file's examples, each with its `file:line`, `epochs` times, shuffled within a
     buffer of `shuffle_buffer_size` (seeded per epoch, so a resumed run sees the same
@@ -210,22 +217,25 @@ def iterate_file(
     skipped = 0
     for epoch in range(epochs):
         rng = random.Random(42 + epoch)
-        for item in _buffer_shuffled(_lines(Path(path)), shuffle_buffer_size, rng):
+        for item in _buffer_shuffled(read_file(path, label), shuffle_buffer_size, rng):
             if skipped < initial_skip:
                 skipped += 1
                 continue
             yield item
 
 
-def _lines(path: Path) -> Iterator[tuple[str, Trajectory]]:
-    with path.open(encoding="utf-8") as file:
+def read_file(path: str | Path, label: str | None = None) -> Iterator[tuple[str, Trajectory]]:
+    """The file's examples in order, each with its `file:line` (the file named `label`
+    where given). Check the file first (`check_file`)."""
+    name = label or str(path)
+    with Path(path).open(encoding="utf-8") as file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
             trajectory, problems = parse_line(line)
             if trajectory is None:  # changed since it was checked
-                raise SFTDataError(str(path), [f"{path}:{number}: {p}" for p in problems])
-            yield f"{path}:{number}", trajectory
+                raise SFTDataError(name, [f"{name}:{number}: {p}" for p in problems])
+            yield f"{name}:{number}", trajectory
 
 
 def _buffer_shuffled(
@@ -318,6 +328,7 @@ __all__ = [
     "create_lr_schedule",
     "iterate_file",
     "parse_line",
+    "read_file",
     "read_spool",
     "spool_examples",
     "trajectory_problems",

@@ -13,7 +13,9 @@ service. Every route but `GET /health` needs `Authorization: Bearer <key>` (see
     POST   /v1/preview/training-jobs                   start one training step (worker thread)
     GET    /v1/preview/training-jobs/{id}              a job's status
     GET    /v1/preview/training-jobs/{id}/events       its events `after` a cursor, waiting `wait` s
-    POST   /v1/preview/sft-training-jobs               managed-only: refused with a clear error
+    POST   /v1/preview/models/{id}/sft-data[/{upload}] upload SFT chat JSONL, in parts (extension)
+    POST   /v1/preview/sft-training-jobs               SFT on an upload (art-serve:///sft-data/...);
+                                                       W&B artifact URLs are managed-only (400)
     GET    /v1/preview/models/{id}, /v1/preview/training-jobs?model_id=   (extensions)
     POST   /v1/keys, GET /v1/keys, DELETE /v1/keys/{id}  scoped keys (admin key only)
     POST   /v1/chat/completions, GET /v1/models        the OpenAI-compatible endpoint
@@ -33,7 +35,7 @@ import logging
 import re
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
@@ -53,6 +55,7 @@ from .schemas import (
     KeyCreate,
     LogRequest,
     ModelCreate,
+    SFTTrainingJobCreate,
     TrainingJobCreate,
 )
 from .state import ArtServer, describe, parse_groups, valid_names
@@ -225,16 +228,22 @@ def build_server_app(
         events, more = await asyncio.to_thread(job.events_after, start, limit, wait)
         return {**_page(events, has_more=more), "status": job.status}
 
+    @app.post("/v1/preview/models/{model_id}/sft-data")
+    async def create_sft_data(model_id: str, request: Request) -> dict[str, Any]:
+        server.store(model_id)
+        part = await request.body()
+        return await asyncio.to_thread(server.uploads.create, model_id, part)
+
+    @app.post("/v1/preview/models/{model_id}/sft-data/{upload_id}")
+    async def append_sft_data(model_id: str, upload_id: str, request: Request) -> dict[str, Any]:
+        server.store(model_id)
+        part = await request.body()
+        return await asyncio.to_thread(server.uploads.append, model_id, upload_id, part)
+
     @app.post("/v1/preview/sft-training-jobs")
-    async def create_sft_training_job() -> dict[str, Any]:
-        raise ApiError(
-            400,
-            "training_data_url: SFT jobs read their data from W&B artifacts, a feature of "
-            "the managed W&B Training service only; art serve trains with RL "
-            "(POST /v1/preview/training-jobs)",
-            param="training_data_url",
-            code="managed_only",
-        )
+    async def create_sft_training_job(body: SFTTrainingJobCreate) -> dict[str, Any]:
+        job = await asyncio.to_thread(server.start_sft_job, body)
+        return _describe_job(job)
 
     @app.post("/v1/keys")
     async def create_key(body: KeyCreate) -> dict[str, Any]:

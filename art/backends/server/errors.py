@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...core.errors import ArtValueError
+from ...core.sft_data import SFTDataError
 from ..local.endpoint.server import ApiError
 from .access import log_rejected
 
@@ -26,7 +27,7 @@ def add_error_handlers(app: FastAPI) -> None:
     async def art_value_error(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, ArtValueError)
         log_rejected(request.method, request.url.path, ApiError(400, str(error)))
-        body = {
+        body: dict[str, Any] = {
             "message": str(error),
             "type": "invalid_request_error",
             "param": error.field,
@@ -34,6 +35,8 @@ def add_error_handlers(app: FastAPI) -> None:
             "problem": error.problem,
             "fix": error.fix,
         }
+        if isinstance(error, SFTDataError):  # every bad example, for the client to list
+            body["problems"] = error.problems
         return JSONResponse({"error": body}, status_code=400)
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:

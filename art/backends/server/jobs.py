@@ -1,7 +1,8 @@
 """Training jobs: one step run in a worker thread, reported as a numbered event feed.
 
 A job's events are those of the W&B Training API: `training_started`
-(`num_sequences`), `gradient_step` (the trainer's metrics, all numbers), then
+(`num_sequences`; an SFT job's number of batches, as ART's client reads it), one
+`gradient_step` per optimizer step (its metrics, all numbers), then
 `training_ended` (our extension: the new `step`) or `training_failed`
 (`error_message`; our extension: the `art` error's type, field, problem and fix). Each
 event has an id counting from "1", so a client that lost its connection asks for the
@@ -111,8 +112,9 @@ class TrainingJob:
     def _ended(self) -> bool:
         return bool(self._events) and self._events[-1]["type"] in _FINAL
 
-    def run(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
-        """Run `step` (returning the new step and its metrics), emitting the job's events."""
+    def run(self, step: Callable[[], tuple[int, list[dict[str, float]]]]) -> None:
+        """Run `step` (returning the new step and each optimizer step's metrics: one for
+        an RL job, one per batch for SFT), emitting the job's events."""
         self.emit("training_started", {"num_sequences": self.num_sequences})
         logger.info(
             "training job %s of model %s started (%d sequences)",
@@ -132,13 +134,14 @@ class TrainingJob:
                 error,
             )
             return
-        self.emit("gradient_step", {k: float(v) for k, v in metrics.items()})
+        for row in metrics:
+            self.emit("gradient_step", {k: float(v) for k, v in row.items()})
         self.emit("training_ended", {"step": new_step})
         logger.info(
             "training job %s of model %s finished: step %d", self.id, self.model_id, new_step
         )
 
-    def start(self, step: Callable[[], tuple[int, dict[str, float]]]) -> None:
+    def start(self, step: Callable[[], tuple[int, list[dict[str, float]]]]) -> None:
         threading.Thread(target=self.run, args=(step,), name=self.id, daemon=True).start()
 
 

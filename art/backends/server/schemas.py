@@ -129,6 +129,20 @@ class TrainingJobCreate(_Body):
     experimental_config: ExperimentalTrainingConfig | None = None
 
 
+class SFTConfig(_Body):
+    """ART's `SFTTrainingConfig`: one learning rate or one per batch; the batch size
+    (None: 2, as `TrainSFTConfig(batch_size="auto")`)."""
+
+    batch_size: int | None = Field(default=None, ge=1)
+    learning_rate: float | list[float] | None = None
+
+
+class SFTTrainingJobCreate(_Body):
+    model_id: str
+    training_data_url: str
+    config: SFTConfig | None = None
+
+
 class KeyCreate(_Body):
     """A scoped key: every model of `projects`, and the single `models` ("project/name")."""
 
@@ -144,5 +158,7 @@ __all__ = [
     "KeyCreate",
     "LogRequest",
     "ModelCreate",
+    "SFTConfig",
+    "SFTTrainingJobCreate",
     "TrainingJobCreate",
 ]

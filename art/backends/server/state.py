@@ -6,6 +6,7 @@ each checks the request's key against the model it touches.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import threading
@@ -16,8 +17,10 @@ from pydantic import ValidationError
 
 from ...core.errors import ArtValueError, ConfigError
 from ...core.registration import refuse_changed_registration
+from ...core.sft_data import check_file, read_file, spool_examples
 from ...core.storage import ModelStore
 from ...core.trajectories import TrajectoryGroup
+from ...core.types import TrainSFTConfig
 from ...core.validation import check_trainable, coerce_groups
 from ..local.endpoint.server import ApiError
 from ..local.service.model_service import ModelService
@@ -26,7 +29,15 @@ from .access import current
 from .errors import json_path
 from .jobs import TrainingJob
 from .routing import LoadedModels
-from .schemas import NAME_PATTERN, ExperimentalTrainingConfig, ModelCreate, TrainingJobCreate
+from .schemas import (
+    NAME_PATTERN,
+    ExperimentalTrainingConfig,
+    ModelCreate,
+    SFTConfig,
+    SFTTrainingJobCreate,
+    TrainingJobCreate,
+)
+from .sft_uploads import SFTUploads
 
 DEFAULT_ENTITY = "local"  # W&B names an owner; a self-hosted server has one
 
@@ -39,6 +50,7 @@ class ArtServer:
         self.service = ModelService(path, placement)  # placement: e.g. a Ray cluster
         self.loaded = LoadedModels()
         self.journal_dir = Path(path) / ".art-serve" / "jobs"
+        self.uploads = SFTUploads(path)
         journals = sorted(self.journal_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
         self.jobs: dict[str, TrainingJob] = {}
         for journal in journals:
@@ -163,13 +175,62 @@ class ArtServer:
         groups_json = [group.model_dump_json() for group in groups]
         config_json, dev_json = config.model_dump(mode="json"), dev_config.model_dump(mode="json")
 
-        def step() -> tuple[int, dict[str, float]]:
+        def step() -> tuple[int, list[dict[str, float]]]:
             self.ensure_loaded(store)
             with self.lock(body.model_id):
                 metrics = self.service.train(
                     record["project"], record["name"], groups_json, config_json, dev_json
                 )
-            return store.step(), metrics
+            return store.step(), [metrics]
+
+        job.start(step)
+        return job
+
+    def start_sft_job(self, body: SFTTrainingJobCreate) -> TrainingJob:
+        """An SFT job on uploaded chat JSONL: the data and config are checked now (a 400
+        naming every bad line), then each batch is one optimizer step in a worker thread."""
+        store = self.store(body.model_id)
+        data = self.uploads.resolve(body.model_id, body.training_data_url)
+        given = body.config or SFTConfig()
+        config = TrainSFTConfig(
+            learning_rate=5e-5 if given.learning_rate is None else given.learning_rate,
+            batch_size=given.batch_size or "auto",
+        )
+        batch_size = config.resolved_batch_size()
+        batches = math.ceil(check_file(data, label=body.training_data_url) / batch_size)
+        if isinstance(config.learning_rate, list) and len(config.learning_rate) != batches:
+            raise ConfigError(
+                "config.learning_rate",
+                f"{len(config.learning_rate)} rates for {batches} batches of {batch_size}",
+                "Give one rate, or exactly one per batch",
+            )
+        with self._guard:
+            self.refuse_if_training(body.model_id)
+            self.refuse_if_deleting(body.model_id)
+            job = TrainingJob(body.model_id, batches, self.journal_dir)
+            self._running[body.model_id] = self.jobs[job.id] = job
+        record = store.read_model() or {}
+
+        def step() -> tuple[int, list[dict[str, float]]]:
+            try:
+                self.ensure_loaded(store)
+                with self.lock(body.model_id):
+                    examples = read_file(data, label=body.training_data_url)
+                    spool, _ = spool_examples(examples, store.dir)
+                    try:
+                        rows = self.service.train_sft(
+                            record["project"],
+                            record["name"],
+                            str(spool),
+                            config.learning_rate,
+                            batch_size,
+                            {},
+                        )
+                    finally:
+                        spool.unlink(missing_ok=True)
+            finally:
+                data.unlink(missing_ok=True)  # read by this job: the client uploads again to retry
+            return store.step(), rows
 
         job.start(step)
         return job
