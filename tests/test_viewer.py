@@ -528,3 +528,25 @@ def test_a_long_run_draws_each_curve_as_one_line_without_a_dot_per_step(
     assert count(dom, "line") == 2
     assert count(dom, "point") == 0  # 300 dots per curve would be a smudge; hover reads out
     assert "last 0.9967 at step 299" in dom
+
+
+def test_sft_batches_draw_as_a_curve_between_the_steps_they_made(
+    art_path: Path, tmp_path: Path, headless_chromium: str
+) -> None:
+    """An SFT call's rows (one per batch, all at the step the call saved) are spread
+    between step 0 and step 1, each named by its batch; an RL step follows at step 2."""
+    store = ModelStore(art_path, "sft", "agent")
+    for batch in range(4):
+        store.append_history(
+            1,
+            {"train_sft/loss": 2.0 / (batch + 1), "train_sft/batch": batch, "train_sft/batches": 4},
+        )
+    store.append_history(2, {"train/reward": 0.5})
+    page = write_page(art_path, out=tmp_path / "sft.html")
+
+    dom, console = browse(page, tmp_path / "profile")
+    assert console == []
+    assert "last 0.5 at step 1, batch 4 of 4" in dom
+    assert "train_sft/loss at step 1, batch 1 of 4: 2" in dom
+    assert "last 0.5 at step 2" in dom
+    assert 'data-metric="train_sft/batch"' not in dom  # the batch index places points only

@@ -206,7 +206,7 @@ def _group(index: int, group: TrajectoryGroup, tools: _Tools) -> dict[str, Any]:
 
 
 def _series(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    points: dict[str, list[list[float]]] = {}
+    points: dict[str, list[list[Any]]] = {}
     for row in history:
         step = row.get("step")
         if not isinstance(step, int):
@@ -214,8 +214,26 @@ def _series(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name, value in row.items():
             if name in ("step", "recorded_at") or not isinstance(value, int | float):
                 continue
-            points.setdefault(name, []).append([step, float(value)])
+            split, _, metric = name.rpartition("/")
+            if metric in ("batch", "batches") and f"{split}/batches" in row:
+                continue  # where the row's point lies, not a curve of its own
+            points.setdefault(name, []).append(_point(row, name, step, float(value)))
     return [{"name": name, "points": points[name]} for name in metric_order(set(points))]
+
+
+def _point(row: dict[str, Any], name: str, step: int, value: float) -> list[Any]:
+    """[x, value], or [x, value, label] for a row of one batch of a call that made `step`
+    in several optimizer steps (an SFT call's `train_sft/batch` of `train_sft/batches`):
+    its batches are spread between step - 1 and `step`, so they draw as a curve."""
+    split = name.rpartition("/")[0]
+    batch, batches = row.get(f"{split}/batch"), row.get(f"{split}/batches")
+    if not (isinstance(batch, int | float) and isinstance(batches, int | float) and batches > 0):
+        return [step, value]
+    return [
+        step - 1 + (batch + 1) / batches,
+        value,
+        f"step {step}, batch {int(batch) + 1} of {int(batches)}",
+    ]
 
 
 def _model(location: RunLocation, name: str, tools: _Tools) -> dict[str, Any]:

@@ -243,9 +243,9 @@ function chart(series) {
   // A dot with its value as a tooltip per point while they are few enough to tell apart;
   // the readout below names the nearest point's value on any chart.
   if (points.length <= MAX_DOTS) {
-    for (const [step, value] of points) {
-      svg.append(s("circle", { cx: x(step), cy: y(value), r: 3.5, class: "point" },
-        s("title", {}, `${series.name} at step ${step}: ${fmt(value)}`)));
+    for (const point of points) {
+      svg.append(s("circle", { cx: x(point[0]), cy: y(point[1]), r: 3.5, class: "point" },
+        s("title", {}, `${series.name} at ${where(point)}: ${fmt(point[1])}`)));
     }
   }
   const marker = s("circle", { r: 5, class: "marker", visibility: "hidden" });
@@ -259,7 +259,7 @@ function chart(series) {
     marker.setAttribute("cx", x(nearest[0]));
     marker.setAttribute("cy", y(nearest[1]));
     marker.setAttribute("visibility", "visible");
-    readout.textContent = `step ${nearest[0]}: ${fmt(nearest[1])}`;
+    readout.textContent = `${where(nearest)}: ${fmt(nearest[1])}`;
   });
   svg.addEventListener("mouseleave", () => {
     marker.setAttribute("visibility", "hidden");
@@ -270,9 +270,14 @@ function chart(series) {
   return h("figure", { class: series.name.endsWith("/reward") || series.name === "reward" ? "chart reward" : "chart", "data-metric": series.name },
     h("figcaption", { title: MEANINGS[metric] || "" },
       h("b", {}, series.name),
-      h("span", { class: "muted" }, ` last ${fmt(last[1])} at step ${last[0]}`)),
+      h("span", { class: "muted" }, ` last ${fmt(last[1])} at ${where(last)}`)),
     svg,
     MEANINGS[metric] ? h("div", { class: "meaning" }, MEANINGS[metric]) : null);
+}
+
+// A point's place: "step 3", or its own label ("step 1, batch 4 of 10": an SFT batch).
+function where(point) {
+  return point[2] || `step ${point[0]}`;
 }
 
 // --- trajectory browser -----------------------------------------------------------------

@@ -72,6 +72,7 @@ def train_sft(
                         "peak_memory_gb": metrics.get("peak_memory_gb", 0.0),
                         "seconds": time.monotonic() - started,
                         "batch": float(k),
+                        "batches": float(batches),
                     }
                 )
                 progress.update()
