@@ -26,7 +26,7 @@ import pytest_asyncio
 import art
 from art.backends.local.engines.config_support import check_supported
 from art.local import LocalBackend
-from art.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
+from art.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEDICATED = art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[])
@@ -241,6 +241,90 @@ async def test_no_variance_groups_are_dropped_and_staleness_stays_within_one_ste
     assert sorted(evaluated) == [(step, step) for step in range(final + 1)]
     val_steps = [r["step"] for r in history(directory) if "val/reward" in r]
     assert sorted(val_steps) == list(range(final + 1))
+
+
+async def test_checkpoint_retention_keeps_the_recent_the_best_and_the_needed(
+    backend: LocalBackend, backend_path: Path
+) -> None:
+    """keep_recent_and_top(recent=1, top=1) on val/reward, a pass after every step: the
+    best step (2) and the newest survive; early steps, evaluated long since, are deleted."""
+    model = await dedicated_model(backend, "retention")
+
+    async def eval_fn(model: art.TrainableModel, step: int, config: None) -> list[art.Trajectory]:
+        choice = await sample(model, "What is 2 + 2?")
+        return [art.Trajectory(messages_and_choices=[choice], reward=1.0 if step == 2 else 0.1)]
+
+    trainer = PipelineTrainer(
+        model,
+        backend,
+        rollout,
+        list(map(scenario, range(6))),
+        None,
+        eval_fn,
+        eval_every_n_steps=1,
+        num_rollout_workers=1,
+        min_batch_size=1,
+        max_batch_size=1,
+        max_steps_off_policy=0,
+        learning_rate=1e-4,
+        checkpoint_retention_strategy=keep_recent_and_top(recent=1, top=1),
+    )
+    await trainer.train()
+    final = await model.get_step()
+    assert final == 6
+    kept = sorted(int(p.name) for p in (store_dir(backend_path, model) / "checkpoints").iterdir())
+    assert {2, final} <= set(kept), kept
+    assert not {0, 1} & set(kept), kept
+    # A deleted step is no longer served; a kept one is.
+    assert (
+        await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(2),
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+        )
+    ).choices
+    with pytest.raises(Exception, match="checkpoint"):
+        await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(1),
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+        )
+
+
+def test_keep_recent_and_top_ranks_by_the_metric_and_refuses_negative_counts() -> None:
+    from datetime import UTC, datetime
+
+    from art.pipeline_trainer import CheckpointInfo, CheckpointRetentionContext
+
+    def info(step: int, **metrics: float) -> CheckpointInfo:
+        return CheckpointInfo(
+            step=step, path=f"/c/{step}", created_at=datetime.now(UTC), metrics=metrics
+        )
+
+    context = CheckpointRetentionContext(
+        current_step=9,
+        checkpoints=[
+            info(1, **{"val/reward": 0.9}),
+            info(3, **{"val/reward": 0.9}),
+            info(4),
+            info(5, **{"val/reward": 0.2}),
+            info(6),
+        ],
+    )
+    assert set(keep_recent_and_top(recent=2, top=1)(context)) == {5, 6, 3}  # a tie: the later step
+    assert set(keep_recent_and_top(recent=0, top=0)(context)) == set()
+    assert set(keep_recent_and_top(recent=9, top=0)(context)) == {1, 3, 4, 5, 6}
+    with pytest.raises(art.ArtValueError, match="recent"):
+        keep_recent_and_top(recent=-1)
+    with pytest.raises(art.ConfigError, match="checkpoint_retention_interval"):
+        PipelineTrainer(
+            art.TrainableModel(name="r", project="p", base_model=BASE, _internal_config=DEDICATED),
+            LocalBackend(path="/tmp/never-written"),
+            rollout,
+            [],
+            None,
+            checkpoint_retention_interval=0,
+        )
 
 
 async def test_a_request_in_flight_keeps_its_adapter_across_a_checkpoint_switch(

@@ -40,7 +40,6 @@ def refuse_unsupported(**values: object) -> None:
         "limit_mean_steps_off_policy": "bound staleness with max_steps_off_policy",
         "score_reference_groups_per_step": "leave it None",
         "score_reference_rollouts_per_group": "leave it None",
-        "checkpoint_retention_strategy": "leave it None; call model.delete_checkpoints()",
         "rollout_executor": "leave it None: rollouts run as tasks in this process",
     }
     for name, value in values.items():

@@ -44,6 +44,7 @@ from ._progress import Progress
 from ._staleness import has_no_variance, is_stale, staleness_metrics, stamp_versions
 from ._state import STATE_FILE, PipelineState
 from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from .retention import CheckpointRetentionContext, CheckpointRetentionStrategy, eligible_checkpoints
 
 logger = logging.getLogger("art.pipeline")
 
@@ -94,7 +95,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         eval_at_start: bool = True,
         save_checkpoint: bool = True,
         optimizer_save_interval: int = 1,
-        checkpoint_retention_strategy: object | None = None,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
         rollout_executor: object | None = None,
@@ -108,7 +109,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             limit_mean_steps_off_policy=limit_mean_steps_off_policy,
             score_reference_groups_per_step=score_reference_groups_per_step,
             score_reference_rollouts_per_group=score_reference_rollouts_per_group,
-            checkpoint_retention_strategy=checkpoint_retention_strategy,
             rollout_executor=rollout_executor,
         )
         check_ranges(
@@ -144,12 +144,23 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "with every checkpoint",
                 "Leave optimizer_save_interval=1",
             )
-        if checkpoint_retention_interval != 1:
+        if checkpoint_retention_interval < 1:
             raise ConfigError(
                 "checkpoint_retention_interval",
-                "applies to a checkpoint_retention_strategy, which this version does not have",
-                "Leave checkpoint_retention_interval=1",
+                f"is {checkpoint_retention_interval}",
+                "Use 1 or more (steps between retention passes)",
             )
+        if checkpoint_retention_strategy is not None and not callable(
+            checkpoint_retention_strategy
+        ):
+            raise ConfigError(
+                "checkpoint_retention_strategy",
+                f"is a {type(checkpoint_retention_strategy).__name__}, not a callable",
+                "Pass art.pipeline_trainer.keep_recent_and_top(...) or a function from a "
+                "CheckpointRetentionContext to the steps to keep",
+            )
+        self.retention = checkpoint_retention_strategy
+        self.retention_interval = checkpoint_retention_interval
         if not isinstance(model, TrainableModel):
             raise ConfigError(
                 "model", "is not an art.TrainableModel", "Pass the TrainableModel to train"
@@ -193,6 +204,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._training = False
         self._queue: asyncio.Queue[object] | None = None
         self._evals: list[asyncio.Task[None]] = []
+        self._eval_steps: list[int] = []
         self._failure: BaseException | None = None  # a worker's, raised by train()
         self._unqueued = 0  # finished groups waiting for room in the queue
         self.collapsed = False  # stopped for too many groups without reward variance
@@ -303,6 +315,36 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._progress.trained(new_step, sum(rewards) / max(len(rewards), 1), staleness)
         if self.eval_every_n_steps and new_step % self.eval_every_n_steps == 0:
             self._schedule_eval(new_step)
+        if self.retention is not None and new_step % self.retention_interval == 0:
+            await self._retain_checkpoints(new_step)
+
+    async def _retain_checkpoints(self, step: int) -> None:
+        """Delete the checkpoints the strategy lets go, never one still needed: the newest,
+        any rollouts may still sample from (within max_steps_off_policy), any whose
+        evaluation is scheduled but not finished."""
+        assert self.retention is not None
+        path = getattr(self.backend, "path", None)
+        delete = getattr(self.backend, "_delete_checkpoint_files", None)
+        if not isinstance(path, str) or delete is None:
+            raise ConfigError(
+                "checkpoint_retention_strategy",
+                f"needs a backend that stores checkpoints on this machine; {type(self.backend).__name__} does not",
+                "Leave it None and call model.delete_checkpoints()",
+            )
+        store = ModelStore(path, self.model.project, self.model.name)
+        lag = self.max_steps_off_policy if self.max_steps_off_policy is not None else step
+        protected = set(range(max(step - lag, 0), step + 1)) | self._pending_eval_steps()
+        eligible = await asyncio.to_thread(eligible_checkpoints, store, protected)
+        context = CheckpointRetentionContext(current_step=step, checkpoints=eligible)
+        keep = {int(s) for s in self.retention(context)} & {c.step for c in eligible}
+        steps = sorted(keep | protected)
+        deleted = await delete(self.model, steps)
+        if deleted:
+            logger.info("checkpoint retention at step %d deleted steps %s", step, deleted)
+
+    def _pending_eval_steps(self) -> set[int]:
+        done = set(self._state.completed_eval_steps)
+        return {step for step in self._eval_steps if step not in done}
 
     async def _collect_batch(self) -> tuple[list[TrajectoryGroup], int, int, bool]:
         """Fresh groups with reward variance: wait for `min_batch_size`, take up to max.
@@ -471,6 +513,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self.eval_fn is None:
             return
         previous = self._evals[-1] if self._evals else None
+        self._eval_steps.append(step)
         self._evals.append(asyncio.create_task(self._run_eval(step, previous)))
 
     async def _run_eval(self, step: int, previous: asyncio.Task[None] | None) -> None:

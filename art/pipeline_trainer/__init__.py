@@ -9,13 +9,29 @@ from ..pipeline import (
     SingleRolloutFn,
     make_group_rollout_fn,
 )
+from ..pipeline.retention import (
+    CHECKPOINT_CREATED_AT_METRIC,
+    CHECKPOINT_EVAL_COMPLETED_METRIC,
+    CHECKPOINT_SAVED_METRIC,
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionStrategy,
+    keep_recent_and_top,
+)
 
 __all__ = [
+    "CHECKPOINT_CREATED_AT_METRIC",
+    "CHECKPOINT_EVAL_COMPLETED_METRIC",
+    "CHECKPOINT_SAVED_METRIC",
+    "CheckpointInfo",
+    "CheckpointRetentionContext",
+    "CheckpointRetentionStrategy",
     "ConfigT",
     "EvalFn",
     "PipelineTrainer",
     "RolloutFn",
     "ScenarioT",
     "SingleRolloutFn",
+    "keep_recent_and_top",
     "make_group_rollout_fn",
 ]

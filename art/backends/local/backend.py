@@ -242,11 +242,24 @@ class LocalBackend:
             deleted = await asyncio.to_thread(
                 store.delete_checkpoints_but_best, best_checkpoint_metric
             )
-            if deleted and self._service is not None:  # an engine may still hold them
-                await asyncio.to_thread(
-                    self._service.forget_deleted_checkpoints, model.project, model.name
-                )
+            await self._forget(model, deleted)
             return deleted
+
+    async def _delete_checkpoint_files(self, model: Model, steps_to_keep: list[int]) -> list[int]:
+        """Delete every checkpoint not in `steps_to_keep` (ART's name); the latest is
+        always kept. Returns the deleted steps."""
+        store = self._store(model)
+        async with self._lock(model):
+            keep = {*steps_to_keep, store.step()}
+            deleted = await asyncio.to_thread(store.delete_checkpoints, keep)
+            await self._forget(model, deleted)
+            return deleted
+
+    async def _forget(self, model: Model, deleted: list[int]) -> None:
+        if deleted and self._service is not None:  # an engine may still hold them
+            await asyncio.to_thread(
+                self._service.forget_deleted_checkpoints, model.project, model.name
+            )
 
     async def close(self) -> None:
         """Stop the model service (and its process); stored files stay."""

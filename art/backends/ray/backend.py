@@ -106,6 +106,10 @@ class RayBackend:
             model, examples, config=config, dev_config=dev_config, verbose=verbose
         )
 
+    async def _delete_checkpoint_files(self, model: Model, steps_to_keep: list[int]) -> list[int]:
+        """As `LocalBackend._delete_checkpoint_files`."""
+        return await self._local._delete_checkpoint_files(model, steps_to_keep)
+
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
         return await self._local.delete_checkpoints(
             model, best_checkpoint_metric=best_checkpoint_metric
