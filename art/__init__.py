@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingError": "art.core.errors",
     "TrajectoryValidationError": "art.core.errors",
     "LocalBackend": "art.backends.local",
+    "ServerlessBackend": "art.backends.serverless",
     "PipelineTrainer": "art.pipeline",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
@@ -102,6 +103,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from . import dev as dev
     from .backends.local import LocalBackend as LocalBackend
+    from .backends.serverless import ServerlessBackend as ServerlessBackend
     from .core.backend import Backend as Backend
     from .core.errors import (
         ArtError as ArtError,

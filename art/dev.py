@@ -13,6 +13,8 @@ from .core.dev import (
     TrainConfig,
     TrainerArgs,
     TrainSFTConfig,
+    is_dedicated_mode,
+    validate_dedicated_config,
 )
 from .core.not_built import not_built_class, not_built_function
 
@@ -23,6 +25,10 @@ _SERVER = (
 OpenAIServerConfig = not_built_class("art.dev.OpenAIServerConfig", _SERVER)
 ServerArgs = not_built_class("art.dev.ServerArgs", _SERVER)
 get_openai_server_config = not_built_function("art.dev.get_openai_server_config", _SERVER)
+_TINKER = "ART's Tinker backends (TinkerBackend, TinkerNativeBackend) are not built here"
+TinkerArgs = not_built_class("art.dev.TinkerArgs", _TINKER)
+TinkerNativeArgs = not_built_class("art.dev.TinkerNativeArgs", _TINKER)
+TinkerTrainingClientArgs = not_built_class("art.dev.TinkerTrainingClientArgs", _TINKER)
 get_model_config = not_built_function(
     "art.dev.get_model_config",
     "defaults are the fields of InternalModelConfig(); read model.internal_config",
@@ -35,9 +41,14 @@ __all__ = [
     "OpenAIServerConfig",
     "PeftArgs",
     "ServerArgs",
+    "TinkerArgs",
+    "TinkerNativeArgs",
+    "TinkerTrainingClientArgs",
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
     "get_model_config",
     "get_openai_server_config",
+    "is_dedicated_mode",
+    "validate_dedicated_config",
 ]

@@ -7,7 +7,8 @@ that made it rather than a setting silently ignored; a bad value or key raises
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -175,6 +176,23 @@ class InternalModelConfig(_Config):
         return self
 
 
+def is_dedicated_mode(config: InternalModelConfig | Mapping[str, Any]) -> bool:
+    """Whether `config` puts training and inference on resources of their own (both
+    `trainer_gpu_ids` and `inference_gpu_ids` set; empty lists on the CPU)."""
+    checked = validate_dedicated_config(config)
+    return checked.trainer_gpu_ids is not None
+
+
+def validate_dedicated_config(
+    config: InternalModelConfig | Mapping[str, Any],
+) -> InternalModelConfig:
+    """`config` checked (ART's dict form too): both GPU lists or neither, not
+    overlapping; `ConfigError` names what is wrong. Returns the checked config."""
+    if isinstance(config, InternalModelConfig):
+        return config
+    return InternalModelConfig(**config)
+
+
 __all__ = [
     "EngineArgs",
     "InitArgs",
@@ -183,4 +201,6 @@ __all__ = [
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
+    "is_dedicated_mode",
+    "validate_dedicated_config",
 ]

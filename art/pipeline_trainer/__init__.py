@@ -1,5 +1,6 @@
 """ART's import path of the pipeline trainer; the implementation is `art.pipeline`."""
 
+from ..core.not_built import not_built_class
 from ..pipeline import (
     ConfigT,
     EvalFn,
@@ -19,6 +20,12 @@ from ..pipeline.retention import (
     keep_recent_and_top,
 )
 
+StatusReporter = not_built_class(
+    "art.pipeline_trainer.StatusReporter",
+    "PipelineTrainer reports its own progress (a bar, and per-step history rows: "
+    "staleness, queue depth, dropped groups); a reporter of your own is not supported",
+)
+
 __all__ = [
     "CHECKPOINT_CREATED_AT_METRIC",
     "CHECKPOINT_EVAL_COMPLETED_METRIC",
@@ -32,6 +39,7 @@ __all__ = [
     "RolloutFn",
     "ScenarioT",
     "SingleRolloutFn",
+    "StatusReporter",
     "keep_recent_and_top",
     "make_group_rollout_fn",
 ]

@@ -7,12 +7,19 @@
 
 # Imported from the submodules (as ART does), so importing a submodule later does not
 # replace the function of the same name on this package.
+from ..core.not_built import not_built_function
 from .format_message import format_message
 from .get_model_step import get_model_step
 from .iterate_dataset import DatasetBatch, iterate_dataset
 from .limit_concurrency import limit_concurrency
 from .log_http_errors import log_http_errors
 from .retry import retry
+
+record_provenance = not_built_function(
+    "art.utils.record_provenance",
+    "it marks a W&B artifact's metadata through W&B's API, which this version never "
+    "calls (checkpoints are local files, or art serve's); nothing is recorded",
+)
 
 
 def init_weave_with_wandb(project: str) -> None:
@@ -34,5 +41,6 @@ __all__ = [
     "iterate_dataset",
     "limit_concurrency",
     "log_http_errors",
+    "record_provenance",
     "retry",
 ]
