@@ -256,6 +256,49 @@ async def test_ppo_reaches_the_trainer_and_save_checkpoint_false_reports_no_path
     assert f"{step + 1:04d}" in checkpoint_steps(run)
 
 
+# --- (c2) _experimental_fork_checkpoint --------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_model_forks_another_models_checkpoint_then_trains_on_from_it(
+    backend: LocalBackend, art_path: Path
+) -> None:
+    source = art.TrainableModel(name="fork-source", project="train-api", base_model=BASE)
+    await source.register(backend)
+    await backend.train(source, await gather_groups(source), learning_rate=1e-3)
+    target = art.TrainableModel(name="fork-target", project="train-api", base_model=BASE)
+    await target.register(backend)
+    unforked = await probe(target, f"{target.get_inference_name()}@0")
+
+    with pytest.raises(art.ConfigError) as refused:
+        await backend._experimental_fork_checkpoint(target, "fork-source", from_s3_bucket="b")
+    assert refused.value.field == "from_s3_bucket"
+    with pytest.raises(art.ConfigError, match="Pick one of its steps: 0, 1") as refused:
+        await backend._experimental_fork_checkpoint(target, "fork-source", not_after_step=-1)
+    assert refused.value.field == "not_after_step"
+    with pytest.raises(FileNotFoundError):
+        await backend._experimental_fork_checkpoint(target, "nobody")
+    assert await target.get_step() == 0
+
+    await backend._experimental_fork_checkpoint(target, "fork-source", not_after_step=5)
+    assert await target.get_step() == 1
+    models = art_path / "train-api" / "models"
+    adapter = "checkpoints/0001/adapter_model.safetensors"
+    assert (models / "fork-target" / adapter).read_bytes() == (
+        models / "fork-source" / adapter
+    ).read_bytes()
+    forked, version = await probe(target, target.get_inference_name())
+    assert version == 1
+    assert forked == (await probe(source, source.get_inference_name()))[0]
+    assert forked != unforked[0]  # the forked adapter is what is served
+
+    result = await backend.train(target, await gather_groups(target), learning_rate=1e-3)
+    assert result.step == 2  # trained on from the forked step
+    with pytest.raises(art.ConfigError) as refused:
+        await backend._experimental_fork_checkpoint(target, "fork-source")
+    assert refused.value.field == "model"
+
+
 # --- (d) ServerlessBackend through a real `art serve` ----------------------------------
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
@@ -14,7 +16,7 @@ from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.storage import ModelStore
+from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
@@ -254,6 +256,73 @@ class LocalBackend:
             deleted = await asyncio.to_thread(store.delete_checkpoints, keep)
             await self._forget(model, deleted)
             return deleted
+
+    async def _experimental_fork_checkpoint(
+        self,
+        model: Model,
+        from_model: str,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        verbose: bool = False,
+        prefix: str | None = None,
+    ) -> None:
+        """Start `model` from another model's checkpoint (ART's experimental call): its
+        latest, or its latest at or before `not_after_step`, is copied in as `model`'s
+        checkpoint of the same step, which `model` then serves and trains on from.
+
+        The source is `from_project/from_model` under this backend's path (default: the
+        model's own project); it must share the base model. S3 (`from_s3_bucket`,
+        `prefix`) is not built and is refused.
+        """
+        for field, value in (("from_s3_bucket", from_s3_bucket), ("prefix", prefix)):
+            if value is not None:
+                raise ConfigError(
+                    field,
+                    "forking from S3 is not built",
+                    f"Copy the checkpoints under {self.path} and leave {field}=None",
+                )
+        if not isinstance(model, TrainableModel):
+            raise ConfigError("model", "is not a TrainableModel", "Fork into a trainable model")
+        source = ModelStore(self.path, from_project or model.project, from_model)
+        steps = source.checkpoint_steps()
+        if not steps:
+            raise FileNotFoundError(f"{source.checkpoints_dir} holds no checkpoints to fork from")
+        eligible = [s for s in steps if not_after_step is None or s <= not_after_step]
+        if not eligible:
+            raise ConfigError(
+                "not_after_step",
+                f"{from_model} has no checkpoint at or before step {not_after_step}",
+                f"Pick one of its steps: {', '.join(map(str, steps))}",
+            )
+        step = eligible[-1]
+        record = source.read_model() or {}
+        if record.get("base_model") != model.base_model:
+            raise ConfigError(
+                "from_model",
+                f"{from_model} was trained on {record.get('base_model')!r}, and {model.name} "
+                f"is {model.base_model!r}: its adapter would not fit",
+                "Fork from a model with the same base_model",
+            )
+        store = self._store(model)
+        service = self._model_service()
+        async with self._lock(model):
+            if store.step() >= step:
+                raise ConfigError(
+                    "model",
+                    f"{model.name} is at step {store.step()} already, not before the forked "
+                    f"step {step}",
+                    "Fork into a new model, or pick an earlier step with not_after_step",
+                )
+            source_dir = source.checkpoint_dir(step)
+
+            def copy(target: Path) -> None:
+                shutil.copytree(source_dir, target, dirs_exist_ok=True)
+
+            await asyncio.to_thread(replace_dir_atomic, store.checkpoint_dir(step), copy)
+            await asyncio.to_thread(service.continue_from_latest, model.project, model.name)
+        if verbose:
+            print(f"[{model.project}/{model.name}] forked {source_dir} as step {step}")
 
     async def _forget(self, model: Model, deleted: list[int]) -> None:
         if deleted and self._service is not None:  # an engine may still hold them

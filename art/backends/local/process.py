@@ -130,6 +130,10 @@ class ServiceProcess:
         )
         return result
 
+    def continue_from_latest(self, project: str, name: str) -> int:
+        step: int = self._call("continue_from_latest", project, name)
+        return step
+
     def forget_deleted_checkpoints(self, project: str, name: str) -> None:
         self._call("forget_deleted_checkpoints", project, name)
 

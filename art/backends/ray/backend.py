@@ -106,6 +106,12 @@ class RayBackend:
             model, examples, config=config, dev_config=dev_config, verbose=verbose
         )
 
+    async def _experimental_fork_checkpoint(
+        self, model: Model, from_model: str, **options: Any
+    ) -> None:
+        """As `LocalBackend._experimental_fork_checkpoint`."""
+        await self._local._experimental_fork_checkpoint(model, from_model, **options)
+
     async def _delete_checkpoint_files(self, model: Model, steps_to_keep: list[int]) -> list[int]:
         """As `LocalBackend._delete_checkpoint_files`."""
         return await self._local._delete_checkpoint_files(model, steps_to_keep)

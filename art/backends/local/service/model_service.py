@@ -54,7 +54,7 @@ from .checkpoints import CheckpointCache
 from .placement import Placement, Trainer, TrainerSpec
 from .registry import LoadedBase, TrainedModel, adapter_name, on_training_model
 from .sft import train_sft
-from .training import publish, train_step
+from .training import claim_writer_lock, publish, train_step
 
 _SERVED_CHECKPOINTS = 4  # checkpoints kept loaded for `name@step` requests, unleased
 # What models of one base share, and so must agree on: one engine, one training model.
@@ -154,6 +154,18 @@ class ModelService:
         assert base.engine is not None
         steps = set(trained.store.checkpoint_steps())
         base.checkpoints.drop(base.engine, trained.adapter, keep=lambda step: step in steps)
+
+    def continue_from_latest(self, project: str, name: str) -> int:
+        """Set the model's adapter and optimizer to its latest checkpoint, written from
+        outside a step (a fork), and serve it; returns that step."""
+        trained = self._registered(project, name)
+        claim_writer_lock(trained)
+        step = trained.store.step()
+        directory = trained.store.checkpoint_dir(step)
+        on_training_model(trained.base, lambda: trained.trainer.restore(directory), self._torch)
+        trained.trained_step = step
+        publish(trained, step)
+        return step
 
     def close(self) -> None:
         if self._server is not None:

@@ -49,11 +49,17 @@ def train_step(
     return metrics
 
 
+def claim_writer_lock(trained: TrainedModel) -> None:
+    """Hold the model's writer lock; refused (naming the holder) while another process
+    trains it."""
+    if trained.writer_lock is None:
+        trained.writer_lock = trained.store.hold_writer_lock()
+
+
 def claim_writer(trained: TrainedModel) -> None:
     """Hold the model's writer lock (refused while another process trains it), and refuse
     to train on an adapter older than the latest checkpoint."""
-    if trained.writer_lock is None:
-        trained.writer_lock = trained.store.hold_writer_lock()  # refused if another trains it
+    claim_writer_lock(trained)
     latest = trained.store.step()
     if latest != trained.trained_step:
         raise ConfigError(
@@ -78,4 +84,4 @@ def publish(trained: TrainedModel, step: int) -> None:
     trained.published = step
 
 
-__all__ = ["claim_writer", "publish", "train_step"]
+__all__ = ["claim_writer", "claim_writer_lock", "publish", "train_step"]
