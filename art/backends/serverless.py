@@ -43,6 +43,7 @@ from ..core.errors import (
     BackendError,
     ConfigError,
     ModelNotRegisteredError,
+    NotBuiltError,
     TrainingError,
     TrajectoryValidationError,
 )
@@ -281,6 +282,16 @@ class ServerlessBackend:
             body["config"]["batch_size"] = config.batch_size
         job = await self._request("POST", "/preview/sft-training-jobs", json=body, idempotent=False)
         return await self._follow(str(job["id"]), verbose)
+
+    async def _experimental_fork_checkpoint(
+        self, model: Model, from_model: str, **options: Any
+    ) -> None:
+        """Not built: ART forks through W&B artifacts, which this client does not use."""
+        raise NotBuiltError(
+            "ServerlessBackend._experimental_fork_checkpoint",
+            "ART copies the checkpoint as a W&B artifact; fork on the machine that stores "
+            "the models with LocalBackend._experimental_fork_checkpoint",
+        )
 
     async def _upload(self, model_id: str, data: Path) -> str:
         """Send `data` to the server in parts of at most `_UPLOAD_PART_BYTES` (whole lines);
