@@ -160,15 +160,9 @@ REFUSED: list[tuple[str, Any]] = [
     ("loss_fn", "grpo"),
     ("loss_fn_config", {"clip": 0.1}),
     ("adam_params", {"beta1": 0.8}),
-    ("kl_penalty_coef", 0.1),
     ("kl_penalty_reference_step", 0),
     ("kl_ref_adapter_path", "/tmp/adapter"),
     ("advantage_balance", 0.5),
-    ("importance_sampling_level", "average"),
-    ("importance_sampling_level", "geometric_average"),
-    ("max_negative_advantage_importance_sampling_weight", 2.0),
-    ("mask_prob_ratio", True),
-    ("kimi_k2_tau", 0.5),
     ("precalculate_logprobs", True),
     ("plot_tensors", True),
     ("truncated_importance_sampling", 2.0),
@@ -201,7 +195,7 @@ async def test_a_keyword_not_built_here_is_refused_by_name_before_anything_is_wr
         await backend.train(model, groups, **{keyword: value})
 
     assert refused.value.field == keyword
-    if keyword.startswith(("kl_", "loss_fn", "adam")) or keyword == "importance_sampling_level":
+    if keyword.startswith(("kl_", "loss_fn", "adam")):
         assert refused.value.fix  # says what to use instead
     assert await model.get_step() == 0
     run = art_path / "train-api" / "models" / "refused"
@@ -215,8 +209,8 @@ async def test_a_not_built_refusal_says_what_the_knob_does_in_art(
 ) -> None:
     model, groups = untrained
     with pytest.raises(art.ConfigError, match="not built in this version: in ART it") as error:
-        await backend.train(model, groups, kl_penalty_coef=0.05)
-    assert "TrainConfig(beta=" in error.value.fix
+        await backend.train(model, groups, kl_penalty_reference_step=0)
+    assert "kl_penalty_coef=" in error.value.fix
     # ART's defaults, given explicitly, are accepted rather than refused.
     with pytest.raises(art.TrajectoryValidationError):  # (only the groups are wrong here)
         await backend.train(
@@ -254,6 +248,28 @@ async def test_ppo_reaches_the_trainer_and_save_checkpoint_false_reports_no_path
     # As in ART, the checkpoint is written (and served) all the same.
     run = art_path / "train-api" / "models" / "script"
     assert f"{step + 1:04d}" in checkpoint_steps(run)
+
+
+async def test_arts_loss_shapings_reach_the_trainer(
+    backend: LocalBackend, script_model: art.TrainableModel
+) -> None:
+    """kl_penalty_coef reports the mean log-ratio to the base model (nonzero on a trained
+    adapter, where it is 0 on the untrained one); the other shapings train a step."""
+    model = script_model
+    assert await model.get_step() >= 1
+    result = await backend.train(
+        model,
+        await gather_groups(model),
+        learning_rate=1e-4,
+        kl_penalty_coef=0.5,
+        importance_sampling_level="geometric_average",
+        max_negative_advantage_importance_sampling_weight=3.0,
+        mask_prob_ratio=True,
+        kimi_k2_tau=0.1,
+    )
+    assert abs(result.metrics["kl_policy_ref"]) > 1e-4
+    assert math.isfinite(result.metrics["loss"])
+    assert "kl_policy_ref" not in (await backend.train(model, await gather_groups(model))).metrics
 
 
 # --- (c2) _experimental_fork_checkpoint --------------------------------------------------
@@ -327,7 +343,12 @@ async def test_serverless_backend_train_returns_a_serverless_train_result(server
         await backend.train(model, groups, advantage_balance=0.5)
     assert refused.value.field == "advantage_balance"
     with pytest.raises(art.ConfigError) as refused:
-        await backend.train(model, groups, importance_sampling_level="average")
-    assert refused.value.field == "importance_sampling_level"
+        await backend.train(model, groups, precalculate_logprobs=True)
+    assert refused.value.field == "precalculate_logprobs"
     assert await model.get_step() == 1
+    # ART's shapings art serve's trainer has: sent, and honoured there.
+    shaped = await backend.train(
+        model, groups, importance_sampling_level="average", mask_prob_ratio=True, kimi_k2_tau=0.1
+    )
+    assert shaped.step == 2
     await backend.close()

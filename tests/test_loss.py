@@ -156,3 +156,68 @@ def test_loss_config_reads_both_train_configs() -> None:
     assert config == LossConfig(True, 0.1, 0.28, "sequence", 0.1)
     assert (config.lower, config.upper) == (0.9, 1.28)
     assert LossConfig(epsilon=0.2).upper == 1.2
+
+
+# --- ART's shapings (facts from ART 0.5.18's art/loss.py; each on numbers worked by hand) ---
+
+
+def test_average_and_geometric_average_mix_the_token_and_sequence_ratios() -> None:
+    new, old = _tensor(math.log(2.0), 0.0), _tensor(0.0, 0.0)
+    mask = _tensor(1, 1)
+    # Token ratios 2 and 1; the sequence ratio is exp(mean log-ratio) = sqrt(2).
+    root = math.sqrt(2.0)
+    assert_close(
+        importance_ratio(new, old, mask, "average"), _tensor((2 + root) / 2, (1 + root) / 2)
+    )
+    assert_close(
+        importance_ratio(new, old, mask, "geometric_average"),
+        _tensor(math.sqrt(2 * root), math.sqrt(root)),
+    )
+
+
+def test_the_ratio_is_capped_and_masked_outside_the_clip_range() -> None:
+    new, old = _tensor(math.log(3.0), math.log(1.1), 0.0), _tensor(0.0, 0.0, 0.0)
+    adv, mask = _tensor(1.0, 1.0, 1.0), _tensor(1, 1, 1)
+    capped = grpo_loss(new, old, adv, mask, LossConfig(ppo=True, epsilon=5.0, max_ratio=2.0))
+    assert float(capped.mean_ratio) == pytest.approx((2.0 + 1.1 + 1.0) / 3)
+    # mask_ratio: the token at ratio 3 (outside [0.8, 1.2]) weighs 0, so takes no gradient.
+    loss, grad = _grad(LossConfig(ppo=True, mask_ratio=True), new, old, adv, mask)
+    assert float(grad[0, 0]) == 0.0
+    assert float(grad[0, 1]) != 0.0
+    assert loss == pytest.approx(-(0 + 1.1 + 1.0) / 3)
+
+
+def test_kimi_k2_tau_lowers_the_advantage_by_the_log_ratio() -> None:
+    new, old = _tensor(math.log(2.0), 0.0), _tensor(0.0, 0.0)
+    adv, mask = _tensor(1.0, 1.0), _tensor(1, 1)
+    plain = grpo_loss(new, old, adv, mask, LossConfig(ppo=True, epsilon=5.0))
+    shaped = grpo_loss(new, old, adv, mask, LossConfig(ppo=True, epsilon=5.0, kimi_k2_tau=0.5))
+    # PPO's per-token loss is -ratio * advantage: token 0's advantage is 1 - 0.5 ln 2.
+    expected = -(2.0 * (1.0 - 0.5 * math.log(2.0)) + 1.0) / 2
+    assert float(shaped.loss) == pytest.approx(expected)
+    assert float(plain.loss) == pytest.approx(-(2.0 + 1.0) / 2)
+
+
+def test_kl_penalty_coef_shifts_advantages_towards_the_tokens_that_moved_least() -> None:
+    new, ref = _tensor(math.log(2.0), 0.0), _tensor(0.0, 0.0)
+    adv, mask = _tensor(1.0, 1.0), _tensor(1, 1)
+    config = LossConfig(ppo=True, epsilon=5.0, kl_penalty_coef=1.0)
+    result = grpo_loss(new, new.clone(), adv, mask, config, ref)
+    # Log-ratios to the base: ln 2 and 0, mean ln2/2; advantages 1 - ln2/2 and 1 + ln2/2.
+    assert result.kl_policy_ref is not None
+    assert float(result.kl_policy_ref) == pytest.approx(math.log(2.0) / 2)
+    # At ratio 1, PPO's gradient per token is -advantage / tokens: the moved token is held back.
+    leaf = new.clone().requires_grad_(True)
+    grpo_loss(leaf, new.clone(), adv, mask, config, ref).loss.backward()
+    assert leaf.grad is not None
+    assert_close(leaf.grad, _tensor(-(1 - math.log(2) / 2) / 2, -(1 + math.log(2) / 2) / 2))
+    with pytest.raises(ValueError, match="kl_penalty_coef"):
+        grpo_loss(new, new, adv, mask, config)
+    assert LossConfig.from_configs(
+        art.TrainConfig(kl_penalty_coef=0.3),
+        art.dev.TrainConfig(
+            mask_prob_ratio=True,
+            kimi_k2_tau=0.1,
+            max_negative_advantage_importance_sampling_weight=4.0,
+        ),
+    ) == LossConfig(kl_penalty_coef=0.3, mask_ratio=True, kimi_k2_tau=0.1, max_ratio=4.0)

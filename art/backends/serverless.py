@@ -499,6 +499,7 @@ def experimental_config(config: TrainConfig, dev_config: dev.TrainConfig) -> dic
     body: dict[str, Any] = {
         "learning_rate": config.learning_rate,
         "beta": config.beta or None,
+        "kl_penalty_coef": config.kl_penalty_coef or None,
         **dev_config.model_dump(mode="json"),
     }
     return {key: value for key, value in body.items() if value is not None}

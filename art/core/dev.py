@@ -40,10 +40,26 @@ class TrainConfig(_Config):
         description="Upper clip range (1 + epsilon_high); None uses `epsilon` (DAPO's "
         "clip-higher when larger, arXiv:2503.14476).",
     )
-    importance_sampling_level: Literal["token", "sequence"] = Field(
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"] = Field(
         default="token",
-        description="Importance ratio per token, or one per sequence as in GSPO "
-        "(arXiv:2507.18071).",
+        description="Importance ratio per token, one per sequence as in GSPO "
+        "(arXiv:2507.18071), or the arithmetic or geometric mean of the two (ART's).",
+    )
+    max_negative_advantage_importance_sampling_weight: float | None = Field(
+        default=None,
+        gt=0,
+        description="Cap the importance ratio at this value (ART's name; as in ART it caps "
+        "every token's ratio). None: no cap.",
+    )
+    mask_prob_ratio: bool = Field(
+        default=False,
+        description="Zero the importance ratio of tokens outside the clip range, so they "
+        "take no gradient (ART's).",
+    )
+    kimi_k2_tau: float | None = Field(
+        default=None,
+        description="Subtract tau times each token's policy/sampler log-ratio from its "
+        "advantage (Kimi K2, arXiv:2507.20534; ART's). None: off.",
     )
     allow_training_without_logprobs: bool = Field(
         default=False,

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from .model import TrainableModel
 
 _KL_INSTEAD = (
-    "TrainConfig(beta=...), given to model.train, adds a KL term towards the base model to the loss"
+    "kl_penalty_coef=... (honoured) takes the base model as its reference; "
+    "TrainConfig(beta=...), given to model.train, adds a KL term towards the base model"
 )
 
 
@@ -62,12 +63,6 @@ class NotBuilt:
 
 
 NOT_BUILT: dict[str, NotBuilt] = {
-    "kl_penalty_coef": NotBuilt(
-        0.0,
-        "lowers each token's advantage by how far the policy has moved from a reference "
-        "model (a KL-penalised advantage)",
-        _KL_INSTEAD,
-    ),
     "kl_penalty_reference_step": NotBuilt(
         None,
         "names the checkpoint step used as the KL penalty's reference (None: the base model)",
@@ -80,15 +75,6 @@ NOT_BUILT: dict[str, NotBuilt] = {
     ),
     "advantage_balance": NotBuilt(
         0.0, "shifts weight between negative and positive advantages (in [-1, 1])"
-    ),
-    "max_negative_advantage_importance_sampling_weight": NotBuilt(
-        None, "caps the importance ratio, the cap meant for negative-advantage tokens"
-    ),
-    "mask_prob_ratio": NotBuilt(
-        False, "zeroes the importance ratio of tokens outside the clip range"
-    ),
-    "kimi_k2_tau": NotBuilt(
-        None, "subtracts tau times the policy/sampler log-ratio from the advantages (Kimi K2)"
     ),
     "precalculate_logprobs": NotBuilt(
         False, "recomputes the old policy's logprobs with the trainer before the step"
@@ -116,22 +102,10 @@ NOT_BUILT: dict[str, NotBuilt] = {
         0.0, "multiplies the learning rate by the number of trajectories to this power"
     ),
 }
-# importance_sampling_level values of ART's this version has not built.
-_LEVELS_NOT_BUILT = {
-    "average": "the mean of the token and sequence ratios",
-    "geometric_average": "the geometric mean of the token and sequence ratios",
-}
 
 
 def not_built_error(keyword: str, value: Any, *, prefix: str = "") -> ConfigError | None:
     """The `ConfigError` refusing `keyword=value`, or None when this version honours it."""
-    if keyword == "importance_sampling_level" and value in _LEVELS_NOT_BUILT:
-        return ConfigError(
-            prefix + keyword,
-            f"{value!r} is not built in this version: in ART it takes "
-            f"{_LEVELS_NOT_BUILT[value]} as the importance ratio",
-            "Leave it at 'token', or use 'sequence' (GSPO, arXiv:2507.18071)",
-        )
     spec = NOT_BUILT.get(keyword)
     if spec is None or _is_default(value, spec.default):
         return None
@@ -229,16 +203,9 @@ def local_train_options(
     keyword refused (see the module docstring for each)."""
     _refuse(
         {
-            "kl_penalty_coef": kl_penalty_coef,
             "kl_penalty_reference_step": kl_penalty_reference_step,
             "kl_ref_adapter_path": kl_ref_adapter_path,
             "advantage_balance": advantage_balance,
-            "importance_sampling_level": importance_sampling_level,
-            "max_negative_advantage_importance_sampling_weight": (
-                max_negative_advantage_importance_sampling_weight
-            ),
-            "mask_prob_ratio": mask_prob_ratio,
-            "kimi_k2_tau": kimi_k2_tau,
             "precalculate_logprobs": precalculate_logprobs,
             "plot_tensors": plot_tensors,
             "truncated_importance_sampling": truncated_importance_sampling,
@@ -274,7 +241,7 @@ def local_train_options(
     _check_bool("save_checkpoint", save_checkpoint)
     _check_bool("verbose", verbose)
     return TrainOptions(
-        config=TrainConfig(learning_rate=learning_rate),
+        config=TrainConfig(learning_rate=learning_rate, kl_penalty_coef=kl_penalty_coef),
         dev_config=_dev_config(
             ppo=loss_fn == "ppo",
             epsilon=epsilon,
@@ -282,6 +249,11 @@ def local_train_options(
             scale_rewards=scale_rewards if normalize_advantages else False,
             importance_sampling_level=importance_sampling_level,
             allow_training_without_logprobs=allow_training_without_logprobs,
+            max_negative_advantage_importance_sampling_weight=(
+                max_negative_advantage_importance_sampling_weight
+            ),
+            mask_prob_ratio=mask_prob_ratio,
+            kimi_k2_tau=kimi_k2_tau,
         ),
         report_checkpoint=save_checkpoint,
         verbose=verbose,
@@ -330,18 +302,9 @@ def serverless_train_options(
     _check_bool("verbose", verbose)
     unbuilt: dict[str, Any] = {
         "advantage_balance": advantage_balance,
-        "max_negative_advantage_importance_sampling_weight": (
-            max_negative_advantage_importance_sampling_weight
-        ),
-        "mask_prob_ratio": mask_prob_ratio,
-        "kimi_k2_tau": kimi_k2_tau,
         "precalculate_logprobs": precalculate_logprobs,
     }
     forwarded = {k: v for k, v in unbuilt.items() if not_built_error(k, v) is not None}
-    level = importance_sampling_level
-    if level in _LEVELS_NOT_BUILT:
-        forwarded["importance_sampling_level"] = level
-        level = "token"  # the forwarded value is what the server is sent
     return TrainOptions(
         config=TrainConfig(learning_rate=learning_rate),
         dev_config=_dev_config(
@@ -349,8 +312,13 @@ def serverless_train_options(
             epsilon=epsilon,
             epsilon_high=epsilon_high,
             scale_rewards=scale_rewards,
-            importance_sampling_level=level,
+            importance_sampling_level=importance_sampling_level,
             allow_training_without_logprobs=False,
+            max_negative_advantage_importance_sampling_weight=(
+                max_negative_advantage_importance_sampling_weight
+            ),
+            mask_prob_ratio=mask_prob_ratio,
+            kimi_k2_tau=kimi_k2_tau,
         ),
         verbose=verbose,
         forwarded=forwarded,
@@ -405,6 +373,9 @@ def _dev_config(
     scale_rewards: bool,
     importance_sampling_level: str,
     allow_training_without_logprobs: bool,
+    max_negative_advantage_importance_sampling_weight: float | None,
+    mask_prob_ratio: bool,
+    kimi_k2_tau: float | None,
 ) -> dev.TrainConfig:
     # ART's loss defaults, each bound on its own: CISPO's weight is clipped only far from
     # 1 (to [0, 5]), PPO's ratio to [0.8, 1.2].
@@ -419,6 +390,11 @@ def _dev_config(
         scale_rewards=scale_rewards,
         importance_sampling_level=importance_sampling_level,
         allow_training_without_logprobs=allow_training_without_logprobs,
+        max_negative_advantage_importance_sampling_weight=(
+            max_negative_advantage_importance_sampling_weight
+        ),
+        mask_prob_ratio=mask_prob_ratio,
+        kimi_k2_tau=kimi_k2_tau,
     )
 
 

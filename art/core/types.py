@@ -41,6 +41,13 @@ class TrainConfig(ConfigModel):
         ge=0,
         description="Weight of the KL penalty towards the base model; 0 turns it off.",
     )
+    kl_penalty_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="ART's KL-penalised advantage: each token's advantage rises by this "
+        "times (the micro-batch's mean log-ratio to the base model minus the token's own), "
+        "so tokens that moved furthest from the base are held back. 0 turns it off.",
+    )
 
 
 class TrainSFTConfig(ConfigModel):

@@ -62,15 +62,17 @@ class ExperimentalTrainingConfig(_Body):
         Literal["token", "sequence", "average", "geometric_average"] | None
     ) = None
     allow_training_without_logprobs: bool | None = None
-    # ART's fields with no counterpart here: accepted only at their neutral value.
-    advantage_balance: float | None = None
     kimi_k2_tau: float | None = None
     mask_prob_ratio: bool | None = None
     max_negative_advantage_importance_sampling_weight: float | None = None
+    # ART's fields with no counterpart here: accepted only at their neutral value.
+    advantage_balance: float | None = None
     precalculate_logprobs: bool | None = None
-    # Extensions: our TrainConfig.beta (KL towards the base model; not ART's KL knobs,
-    # whose reference and form differ) and two of our dev.TrainConfig fields.
+    # Extensions: our TrainConfig.beta (a KL term towards the base model) and
+    # kl_penalty_coef (ART's LocalBackend keyword; its managed API has no field for it),
+    # and two of our dev.TrainConfig fields.
     beta: float | None = None
+    kl_penalty_coef: float | None = None
     max_grad_norm: float | None = None
     gradient_accumulation_sequences: int | None = None
 
@@ -78,12 +80,16 @@ class ExperimentalTrainingConfig(_Body):
         """Our two training configs; a 400 naming `experimental_config.<field>` if invalid."""
         # ART's knobs this version has not built: refused by name unless neutral, with
         # the message a LocalBackend.train caller gets.
-        for name in (*_ART_ONLY, "importance_sampling_level"):
+        for name in _ART_ONLY:
             value = getattr(self, name)
             error = None if value is None else not_built_error(name, value, prefix=_PREFIX)
             if error is not None:
                 raise error
-        top = {"learning_rate": self.learning_rate, "beta": self.beta}
+        top = {
+            "learning_rate": self.learning_rate,
+            "beta": self.beta,
+            "kl_penalty_coef": self.kl_penalty_coef,
+        }
         rest = {
             name: getattr(self, name)
             for name in (
@@ -93,6 +99,9 @@ class ExperimentalTrainingConfig(_Body):
                 "epsilon_high",
                 "importance_sampling_level",
                 "allow_training_without_logprobs",
+                "kimi_k2_tau",
+                "mask_prob_ratio",
+                "max_negative_advantage_importance_sampling_weight",
                 "max_grad_norm",
                 "gradient_accumulation_sequences",
             )
@@ -109,13 +118,7 @@ class ExperimentalTrainingConfig(_Body):
 
 
 _PREFIX = "experimental_config."
-_ART_ONLY = (
-    "advantage_balance",
-    "kimi_k2_tau",
-    "mask_prob_ratio",
-    "max_negative_advantage_importance_sampling_weight",
-    "precalculate_logprobs",
-)
+_ART_ONLY = ("advantage_balance", "precalculate_logprobs")
 
 
 def _config_error(error: ConfigError) -> ApiError:

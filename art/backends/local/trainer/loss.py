@@ -26,8 +26,19 @@ class LossConfig:
     ppo: bool = False  # PPO's clipped surrogate; False uses CISPO
     epsilon: float = 0.2  # lower clip range: 1 - epsilon
     epsilon_high: float | None = None  # upper clip range: 1 + epsilon_high; None uses epsilon
-    importance_sampling_level: Literal["token", "sequence"] = "token"
+    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"] = (
+        "token"
+    )
     beta: float = 0.0  # weight of the KL penalty towards the base model
+    max_ratio: float | None = None  # ART's max_negative_advantage_importance_sampling_weight
+    mask_ratio: bool = False  # ART's mask_prob_ratio: no gradient outside the clip range
+    kimi_k2_tau: float | None = None
+    kl_penalty_coef: float = 0.0  # ART's KL-penalised advantage, towards the base model
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the base model's logprobs enter the loss."""
+        return self.beta > 0 or self.kl_penalty_coef > 0
 
     @classmethod
     def from_configs(cls, config: TrainConfig, dev_config: dev.TrainConfig) -> LossConfig:
@@ -37,6 +48,10 @@ class LossConfig:
             epsilon_high=dev_config.epsilon_high,
             importance_sampling_level=dev_config.importance_sampling_level,
             beta=config.beta,
+            max_ratio=dev_config.max_negative_advantage_importance_sampling_weight,
+            mask_ratio=dev_config.mask_prob_ratio,
+            kimi_k2_tau=dev_config.kimi_k2_tau,
+            kl_penalty_coef=config.kl_penalty_coef,
         )
 
     @property
@@ -55,6 +70,7 @@ class LossResult:
     loss: torch.Tensor  # policy_loss + beta * kl
     policy_loss: torch.Tensor
     kl: torch.Tensor | None  # mean k3 KL to the base model; None when beta is 0
+    kl_policy_ref: torch.Tensor | None  # mean log-ratio to the base (kl_penalty_coef > 0)
     clip_fraction: torch.Tensor  # share of trained tokens whose importance weight was clipped
     mean_ratio: torch.Tensor  # mean importance ratio over trained tokens
 
@@ -69,23 +85,34 @@ def masked_mean(
     return kept.sum(dim, keepdim=keepdim) / mask.sum(dim, keepdim=keepdim).clamp(min=1.0)
 
 
+def log_ratio(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    """log pi_new - log pi_sampler per token; 0 where the sampler's is unknown (NaN): the
+    current policy stands in for it."""
+    old = torch.where(torch.isnan(old_logprobs), new_logprobs.detach(), old_logprobs)
+    return new_logprobs - old
+
+
 def importance_ratio(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    level: Literal["token", "sequence"] = "token",
+    level: Literal["token", "sequence", "average", "geometric_average"] = "token",
 ) -> torch.Tensor:
-    """pi_new / pi_sampler per token, or one per sequence broadcast over its tokens.
+    """pi_new / pi_sampler per token, one per sequence broadcast over its tokens, or the
+    arithmetic ("average") or geometric mean of the two.
 
-    Where the sampler's logprob is unknown (NaN) the current policy stands in, ratio 1.
     The sequence ratio is the geometric mean of the token ratios, GSPO's length-normalised
     sequence likelihood ratio (arXiv:2507.18071).
     """
-    old = torch.where(torch.isnan(old_logprobs), new_logprobs.detach(), old_logprobs)
-    log_ratio = new_logprobs - old
+    token = log_ratio(new_logprobs, old_logprobs)
+    if level == "token":
+        return torch.exp(token)
+    sequence = masked_mean(token, mask, dim=-1, keepdim=True).expand_as(new_logprobs)
     if level == "sequence":
-        log_ratio = masked_mean(log_ratio, mask, dim=-1, keepdim=True).expand_as(new_logprobs)
-    return torch.exp(log_ratio)
+        return torch.exp(sequence)
+    if level == "average":
+        return (torch.exp(token) + torch.exp(sequence)) / 2
+    return torch.exp((token + sequence) / 2)
 
 
 def ppo_loss(
@@ -126,8 +153,30 @@ def grpo_loss(
     config: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
 ) -> LossResult:
-    """The token-level mean loss of one micro-batch, PPO or CISPO as `config.ppo` says."""
+    """The token-level mean loss of one micro-batch, PPO or CISPO as `config.ppo` says.
+
+    ART's optional shapings come first: the ratio capped (`max_ratio`) and zeroed outside
+    the clip range (`mask_ratio`); the advantages lowered by tau times the log-ratio to
+    the sampler (`kimi_k2_tau`) and shifted by `kl_penalty_coef` times (the mean
+    log-ratio to the base model minus the token's own).
+    """
     ratio = importance_ratio(new_logprobs, old_logprobs, mask, config.importance_sampling_level)
+    if config.max_ratio is not None:
+        ratio = ratio.clamp(max=config.max_ratio)
+    if config.mask_ratio:
+        inside = (ratio > config.lower) & (ratio < config.upper)
+        ratio = torch.where(inside, ratio, torch.zeros_like(ratio))
+    if config.kimi_k2_tau:
+        advantages = (
+            advantages - config.kimi_k2_tau * log_ratio(new_logprobs, old_logprobs).detach()
+        )
+    kl_policy_ref: torch.Tensor | None = None
+    if config.kl_penalty_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("grpo_loss: kl_penalty_coef > 0 needs ref_logprobs of the base model")
+        per_token = (new_logprobs - ref_logprobs).detach() * mask
+        kl_policy_ref = masked_mean(per_token, mask)
+        advantages = advantages + config.kl_penalty_coef * (kl_policy_ref - per_token) * mask
     if config.ppo:
         per_token = ppo_loss(ratio, advantages, config.lower, config.upper)
         # PPO clips only where it removes the gradient: the ratio left the range in the
@@ -151,6 +200,7 @@ def grpo_loss(
         loss=loss,
         policy_loss=policy_loss.detach(),
         kl=kl,
+        kl_policy_ref=kl_policy_ref,
         clip_fraction=masked_mean(clipped.to(mask.dtype), mask),
         mean_ratio=masked_mean(ratio.detach(), mask),
     )
@@ -163,6 +213,7 @@ __all__ = [
     "grpo_loss",
     "importance_ratio",
     "kl_k3",
+    "log_ratio",
     "masked_mean",
     "ppo_loss",
 ]

@@ -238,9 +238,11 @@ class PeftTrainer:
         names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
         if loss_config.beta > 0:
             names.append("kl")
+        if loss_config.kl_penalty_coef > 0:
+            names.append("kl_policy_ref")
 
         def loss(batch: MicroBatch, flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            ref_logprobs = self._ref_logprobs(batch) if loss_config.beta > 0 else None
+            ref_logprobs = self._ref_logprobs(batch) if loss_config.needs_reference else None
             result = grpo_loss(
                 batch.per_sequence(flat),
                 batch.old_logprobs,
@@ -256,6 +258,8 @@ class PeftTrainer:
             }
             if result.kl is not None:
                 terms["kl"] = float(result.kl)
+            if result.kl_policy_ref is not None:
+                terms["kl_policy_ref"] = float(result.kl_policy_ref)
             return result.loss, terms
 
         return self._optimize(
