@@ -15,8 +15,14 @@ trained or written. What each keyword does:
   (a larger upper bound is DAPO's clip-higher, arXiv:2503.14476). None takes ART's loss
   defaults: 1.0 and 4.0 for CISPO, 0.2 and epsilon for PPO.
 - scale_rewards: divide each group's advantages by its reward standard deviation.
-- importance_sampling_level: "token" (a ratio per token) or "sequence" (one per sequence,
-  GSPO, arXiv:2507.18071).
+- importance_sampling_level: "token" (a ratio per token), "sequence" (one per sequence,
+  GSPO, arXiv:2507.18071), "average" or "geometric_average" (of the two, as ART's).
+- max_negative_advantage_importance_sampling_weight: cap the importance ratio (every
+  token's, as in ART despite the name).
+- mask_prob_ratio: zero the ratio of tokens outside the clip range (no gradient there).
+- kimi_k2_tau: lower each token's advantage by tau times its policy/sampler log-ratio.
+- kl_penalty_coef: ART's KL-penalised advantage towards the base model
+  (`TrainConfig.kl_penalty_coef`; the step reports `kl_policy_ref`).
 - allow_training_without_logprobs: also train assistant turns given as plain messages.
 - save_checkpoint: False reports `checkpoint_path=None`; as in ART, the step's checkpoint
   is still written (it is what the next rollouts are served from).

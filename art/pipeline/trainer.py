@@ -177,7 +177,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.max_steps_off_policy = max_steps_off_policy
         window = max_steps_off_policy if max_steps_off_policy else 1
         self.queue_maxsize = queue_maxsize or max(1, window * self.max_batch_size)
-        self.train_config = TrainConfig(learning_rate=learning_rate, beta=kl_penalty_coef)
+        self.train_config = TrainConfig(
+            learning_rate=learning_rate, kl_penalty_coef=kl_penalty_coef
+        )
         self.dev_config = dev.TrainConfig(
             ppo=loss_fn == "ppo",
             scale_rewards=normalize_advantages,
