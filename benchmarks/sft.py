@@ -26,7 +26,7 @@ excluded: ours from the first `sft_step` to the end of the last, TRL's from its
 which reports its own peak RSS (`getrusage(RUSAGE_SELF)`: loading included) and its RSS
 once the model is loaded.
 
-    python benchmarks/sft.py            # 192 examples x 2 epochs, batch 8 (~10 minutes on 2 cores)
+    python benchmarks/sft.py            # 192 examples, one epoch, batch 8 (21 minutes on 2 busy cores)
     python benchmarks/sft.py --quick    # 16 examples, batch 4, one epoch: a smoke setting
 
 TRL comes from the `bench` extra: `pip install -c constraints.txt -e '.[bench]'`; without
@@ -67,7 +67,7 @@ class BenchArgs:
     """What one run measures; both sides get the same."""
 
     examples: int = 192  # synthetic chat examples, one in four a long count
-    epochs: int = 2  # passes over the examples
+    epochs: int = 1  # passes over the examples
     batch_size: int = 8  # examples per optimizer step
     learning_rate: float = 2e-4
     seed: int = 0  # of the examples
@@ -150,6 +150,14 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
 
 
+def _progress(side: str, step: int, args: BenchArgs, started: float) -> None:
+    """A line every eighth step, so a slow run shows it is moving."""
+    steps = args.epochs * -(-args.examples // args.batch_size)
+    if step % 8 == 0 or step == steps:
+        elapsed = time.perf_counter() - started
+        print(f"  {side}: step {step}/{steps}, {elapsed:.0f}s", file=sys.stderr, flush=True)
+
+
 def ours(args: BenchArgs) -> SideResult:
     """`PeftTrainer.sft_step` per batch on the model and template the service would load."""
     from art.backends.local.chat_format import tool_template_for
@@ -180,6 +188,7 @@ def ours(args: BenchArgs) -> SideResult:
             losses.append(metrics["loss"])
             trained += int(metrics["tokens_trained"])
             forward += int(metrics["forward_tokens"])
+            _progress("ours", len(losses), args, started)
     seconds = time.perf_counter() - started
 
     # The share of the loop that was rendering and tokenizing, measured apart once.
@@ -230,6 +239,7 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.marks.append(time.perf_counter())
+            _progress("TRL", len(self.marks) - 1, args, self.marks[0])
 
         def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
             if logs and "loss" in logs:
@@ -373,7 +383,8 @@ def report(args: BenchArgs, ours: SideResult, peer: SideResult | None, why_not: 
     print()
     peft = art.dev.PeftArgs()
     print(
-        f"SFT: {args.examples} examples x {args.epochs} epochs, batch {args.batch_size}, "
+        f"SFT: {args.examples} examples x {args.epochs} epoch{'s' * (args.epochs != 1)}, "
+        f"batch {args.batch_size}, "
         f"LoRA r={peft.r} alpha={peft.lora_alpha} dropout {peft.lora_dropout:g}, "
         f"lr {args.learning_rate:g}, AdamW"
     )
