@@ -89,6 +89,20 @@ RUNS = [
         id="sampler_fidelity",
     ),
     pytest.param(
+        "sft",
+        [],
+        # Without TRL the script runs our side and prints why TRL's was not measured, on
+        # the same lines: ours is smoke-tested either way.
+        [
+            "machine: ",
+            "SFT: ",
+            "ours PeftTrainer",
+            "TRL SFTTrainer",
+            "ours / TRL tokens per second",
+        ],
+        id="sft",
+    ),
+    pytest.param(
         "structured_output",
         [],
         ["machine: ", "32 rows: ", "constrained / unconstrained: "],
