@@ -19,7 +19,22 @@ class _Config(ConfigModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TrainConfig(_Config):
+class _OptimizerStep(_Config):
+    """How one optimizer step runs, for RL and SFT alike."""
+
+    max_grad_norm: float = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm to this value."
+    )
+    gradient_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most sequences packed into one forward/backward pass; None: as many "
+        "as the token budget of a micro-batch holds (set by the memory budget). Each call "
+        "(or SFT batch) is still one optimizer step.",
+    )
+
+
+class TrainConfig(_OptimizerStep):
     """The GRPO objective of a training step (`model.train(..., _config=...)`)."""
 
     scale_rewards: bool = Field(
@@ -66,30 +81,10 @@ class TrainConfig(_Config):
         description="Also train assistant turns given as plain dicts (re-encoded, with no "
         "sampler logprobs, so the ratio is taken against the current policy).",
     )
-    max_grad_norm: float = Field(
-        default=1.0, gt=0, description="Clip the global gradient norm to this value."
-    )
-    gradient_accumulation_sequences: int | None = Field(
-        default=None,
-        ge=1,
-        description="Most sequences packed into one forward/backward pass; None: as many "
-        "as the token budget of a micro-batch holds (set by the memory budget). The "
-        "optimizer still takes one step per `model.train` call.",
-    )
 
 
-class TrainSFTConfig(_Config):
+class TrainSFTConfig(_OptimizerStep):
     """Experimental settings of `model.train_sft(..., _config=...)` (ART's has none yet)."""
-
-    max_grad_norm: float = Field(
-        default=1.0, gt=0, description="Clip the global gradient norm to this value."
-    )
-    gradient_accumulation_sequences: int | None = Field(
-        default=None,
-        ge=1,
-        description="Most sequences packed into one forward/backward pass; None: as many "
-        "as a micro-batch's token budget holds. Each batch is still one optimizer step.",
-    )
 
 
 class InitArgs(_Config):
