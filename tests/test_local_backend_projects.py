@@ -190,7 +190,7 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
         (
             art.dev.InternalModelConfig(init_args=art.dev.InitArgs(load_in_4bit=True)),
             "init_args.load_in_4bit",
-            "CUDA, bitsandbytes",
+            "trainer_backend='unsloth'",
         ),
         (
             art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.8)),
@@ -212,7 +212,13 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
             "trainer_gpu_ids",
             "this machine has none",
         ),
-        (art.dev.InternalModelConfig(trainer="unsloth"), "trainer", "trains with PEFT"),
+        (
+            art.dev.InternalModelConfig(
+                trainer_backend="unsloth", trainer_gpu_ids=[], inference_gpu_ids=[]
+            ),
+            "trainer_gpu_ids",
+            "not built for the Unsloth trainer",
+        ),
     ],
 )
 async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(
