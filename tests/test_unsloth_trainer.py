@@ -248,3 +248,49 @@ def test_art_s_trainer_key_is_refused_naming_trainer_args_and_trainer_backend() 
         art.dev.InternalModelConfig(trainer={"learning_rate": 1e-5})  # type: ignore[call-arg]
     assert raised.value.field == "trainer"
     assert "trainer_args" in str(raised.value)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_its_checkpoint_is_served_by_the_vllm_engine(tmp_path: Path) -> None:
+    from art.backends.local.engines.vllm.server import find_vllm_python
+
+    if find_vllm_python() is None:
+        pytest.skip("no vLLM environment: run `make venv-vllm` (or set ART_VLLM_PYTHON)")
+    backend = LocalBackend(path=tmp_path / ".art", in_process=True)
+    try:
+        model = art.TrainableModel(
+            name="served",
+            project="unsloth",
+            base_model=BASE,
+            _internal_config=art.dev.InternalModelConfig(
+                engine="vllm",
+                trainer_backend="unsloth",
+                init_args=art.dev.InitArgs(dtype="float32", max_seq_length=512),
+            ),
+        )
+        await model.register(backend)
+        choices = await sample(model, 2)
+        group = art.TrajectoryGroup(
+            art.Trajectory(messages_and_choices=[*PROMPT, choice], reward=float(i))
+            for i, choice in enumerate(choices)
+        )
+        await model.train([group], config=art.TrainConfig(learning_rate=2e-3))
+        client = model.openai_client()
+
+        async def logprobs(name: str) -> list[float]:
+            completion = await client.chat.completions.create(
+                model=name,
+                messages=PROMPT,  # type: ignore[arg-type]
+                max_tokens=8,
+                temperature=0,
+                logprobs=True,
+            )
+            extra = completion.choices[0].model_extra or {}
+            return [round(value, 4) for value in extra["token_logprobs"]]
+
+        name = f"{model.project}/{model.name}"
+        at_0, at_1 = await logprobs(f"{name}@0"), await logprobs(f"{name}@1")
+        assert at_1 != at_0
+        assert await logprobs(name) == at_1
+    finally:
+        await backend.close()
