@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ....core import dev
-from ....core.errors import ArtValueError, TrainingError
+from ....core.errors import ArtValueError, ConfigError, TrainingError
 from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
 
@@ -75,7 +75,7 @@ def setup(
             if init.load_in_4bit
             else ("trainer_backend", "Use trainer_backend='peft' (or leave it unset)")
         )
-        raise ArtValueError(
+        raise ConfigError(
             f"_internal_config.{field}",
             f"Unsloth could not load {weights}: {type(error).__name__}: {error}",
             fix,
