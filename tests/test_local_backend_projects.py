@@ -190,7 +190,7 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
         (
             art.dev.InternalModelConfig(init_args=art.dev.InitArgs(load_in_4bit=True)),
             "init_args.load_in_4bit",
-            "CUDA, bitsandbytes",
+            "trainer_backend='unsloth'",
         ),
         (
             art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.8)),
@@ -212,7 +212,13 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
             "trainer_gpu_ids",
             "this machine has none",
         ),
-        (art.dev.InternalModelConfig(trainer="unsloth"), "trainer", "trains with PEFT"),
+        (
+            art.dev.InternalModelConfig(
+                trainer_backend="unsloth", trainer_gpu_ids=[], inference_gpu_ids=[]
+            ),
+            "trainer_gpu_ids",
+            "not built for the Unsloth trainer",
+        ),
     ],
 )
 async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(
@@ -229,3 +235,31 @@ async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(
         await model.register(backend)
     assert raised.value.field == f"_internal_config.{field}"
     assert not (backend_path / "epsilon" / "models" / "refused").exists()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_unsloth_trainer_without_its_environment_is_refused_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from art.backends.local.trainer import unsloth_trainer
+
+    backend = LocalBackend(path=tmp_path / ".art", in_process=True)
+    model = art.TrainableModel(
+        name="refused",
+        project="unsloth",
+        base_model=BASE,
+        _internal_config=art.dev.InternalModelConfig(trainer_backend="unsloth"),
+    )
+    try:
+        monkeypatch.delenv("ART_UNSLOTH_PYTHON", raising=False)
+        monkeypatch.setattr(unsloth_trainer, "_REPO", tmp_path)  # a checkout without the venv
+        with pytest.raises(art.ConfigError, match="make venv-unsloth") as raised:
+            await model.register(backend)
+        assert raised.value.field == "_internal_config.trainer_backend"
+
+        monkeypatch.setenv("ART_UNSLOTH_PYTHON", str(tmp_path / "missing" / "python"))
+        with pytest.raises(art.ConfigError, match=r"ART_UNSLOTH_PYTHON .* does not exist"):
+            await model.register(backend)
+        assert not (tmp_path / ".art" / "unsloth" / "models" / "refused").exists()
+    finally:
+        await backend.close()

@@ -102,6 +102,10 @@ ART_KEYS: dict[tuple[str, str], str] = {
     ("TrainerArgs", "fp16"): "the dtype is InitArgs(dtype='float16'); remove fp16",
     (
         "InternalModelConfig",
+        "trainer",
+    ): "the trainer's arguments are trainer_args=TrainerArgs(...), and the trainer is chosen with trainer_backend='peft' (the default) or 'unsloth'",
+    (
+        "InternalModelConfig",
         "tinker_args",
     ): "the Tinker backend is not part of this version; remove tinker_args",
     (

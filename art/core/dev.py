@@ -94,7 +94,10 @@ class InitArgs(_Config):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Weight dtype; auto picks bf16 where supported, else fp32."
     )
-    load_in_4bit: bool = Field(default=False, description="QLoRA-style 4-bit base (CUDA only).")
+    load_in_4bit: bool = Field(
+        default=False,
+        description="QLoRA-style 4-bit base (bitsandbytes), with trainer_backend='unsloth' only.",
+    )
 
 
 class EngineArgs(_Config):
@@ -158,8 +161,11 @@ class InternalModelConfig(_Config):
     engine: Literal["transformers", "vllm"] | None = Field(
         default=None, description="Inference engine; None picks vLLM on CUDA, else transformers."
     )
-    trainer: Literal["peft", "unsloth"] | None = Field(
-        default=None, description="Trainer; None picks Unsloth where installed on CUDA, else PEFT."
+    trainer_backend: Literal["peft", "unsloth"] | None = Field(
+        default=None,
+        description="Trainer: 'peft' (ours, any torch device) or 'unsloth' (Unsloth's model in "
+        "a process of its own, `make venv-unsloth`); None: PEFT. (ART's own `trainer` key "
+        "held the GRPO trainer's arguments: here they are `trainer_args`.)",
     )
     init_args: InitArgs = Field(default_factory=InitArgs)
     engine_args: EngineArgs = Field(default_factory=EngineArgs)

@@ -84,7 +84,12 @@ def refuse_changed_config(
 
 
 def _config(raw: dict[str, Any] | None) -> dev.InternalModelConfig:
-    return dev.InternalModelConfig(**(raw or {}))
+    stored = dict(raw or {})
+    # model.json written before the trainer was chosen by `trainer_backend` holds it as
+    # `trainer` (always None or 'peft' then: 'unsloth' was refused at register).
+    if "trainer" in stored and "trainer_backend" not in stored:
+        stored["trainer_backend"] = stored.pop("trainer")
+    return dev.InternalModelConfig(**stored)
 
 
 __all__ = ["refuse_changed_config", "refuse_changed_registration"]

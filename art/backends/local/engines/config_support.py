@@ -9,6 +9,8 @@ Per engine:
 - `engine_args.enforce_eager`: vLLM only (no CUDA graphs).
 - `engine_args.merge_lora`: the transformers engine only, and not with adapters on the
   embeddings or LM head.
+- `trainer_backend='unsloth'`: where its environment is found (`make venv-unsloth`), in
+  shared mode; `init_args.load_in_4bit` with it only (bitsandbytes, CPU included).
 - `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): training and inference run
   side by side, so inference never pauses for a step (PipelineTrainer needs this). On
   CUDA: vLLM on `inference_gpu_ids`, the trainer on `trainer_gpu_ids[0]`. On a machine
@@ -26,19 +28,16 @@ from .transformers.merged import mergeable
 
 
 def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
-    """Raise `ConfigError` for the first setting `engine` + the PEFT trainer cannot honour."""
-    if config.trainer not in (None, "peft"):
-        raise ConfigError(
-            "_internal_config.trainer",
-            f"is {config.trainer!r}, which this version does not have: it trains with PEFT",
-            "Leave trainer unset (or 'peft')",
-        )
-    if config.init_args.load_in_4bit:
+    """Raise `ConfigError` for the first setting `engine` and the trainer cannot honour."""
+    if config.trainer_backend == "unsloth":
+        _check_unsloth(config)
+    elif config.init_args.load_in_4bit:
         raise ConfigError(
             "_internal_config.init_args.load_in_4bit",
-            "4-bit base weights need CUDA, bitsandbytes and a 4-bit-aware trainer, which this "
-            "version's PEFT trainer is not",
-            "Leave load_in_4bit False; InitArgs(dtype='bfloat16') halves the weights' memory",
+            "4-bit base weights need bitsandbytes and a 4-bit-aware trainer, which the PEFT "
+            "trainer is not",
+            "Set trainer_backend='unsloth' (`make venv-unsloth`), or leave load_in_4bit False; "
+            "InitArgs(dtype='bfloat16') halves the weights' memory",
         )
     if engine == "vllm":
         if config.engine_args.merge_lora is not None:
@@ -72,6 +71,20 @@ def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None
         )
     if config.trainer_gpu_ids is not None:
         _check_cpu_dedicated(config)
+
+
+def _check_unsloth(config: dev.InternalModelConfig) -> None:
+    """The Unsloth trainer: its environment is here, and the mode is one it has."""
+    from ..trainer.unsloth_trainer import require_unsloth_python
+
+    if config.trainer_gpu_ids is not None:
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            "dedicated mode is not built for the Unsloth trainer yet",
+            "Leave trainer_gpu_ids and inference_gpu_ids unset with trainer_backend='unsloth', "
+            "or use trainer_backend='peft' for dedicated mode",
+        )
+    require_unsloth_python()
 
 
 def is_cpu_dedicated(config: dev.InternalModelConfig) -> bool:

@@ -62,7 +62,7 @@ _BASE_FIELDS = (
     "engine",
     "engine_args",
     "init_args",
-    "trainer",
+    "trainer_backend",
     "trainer_gpu_ids",
     "inference_gpu_ids",
 )
@@ -144,6 +144,7 @@ class ModelService:
             # An engine decoding from the training model fails the requests still waiting
             # for this adapter once it is gone (`AdapterGone`).
             on_training_model(base, lambda: base.model.delete_adapter(trained.adapter), self._torch)
+            trained.trainer.close()
 
     def forget_deleted_checkpoints(self, project: str, name: str) -> None:
         """Stop serving checkpoints of a model whose directories were deleted."""
@@ -173,6 +174,7 @@ class ModelService:
         for trained in self._models.values():
             if trained.writer_lock is not None:
                 trained.writer_lock.release()
+            trained.trainer.close()
         for base in self._bases.values():
             if base.engine is not None:
                 base.engine.close()
@@ -184,6 +186,14 @@ class ModelService:
 
         config = dev.InternalModelConfig(**(record.get("internal_config") or {}))
         require_engine(config)
+        if self.placement is not None and config.trainer_backend == "unsloth":
+            raise ConfigError(
+                "_internal_config.trainer_backend",
+                f"is 'unsloth', and this backend's trainers run on {type(self.placement).__name__}, "
+                "whose trainer group trains with PEFT",
+                "Use trainer_backend='peft' (or leave it unset) with this backend, or "
+                "LocalBackend for the Unsloth trainer",
+            )
         resolved = models.resolve(record["base_model"])
         base = self._base_for(resolved, config)
         store = ModelStore(self.path, record["project"], record["name"])
@@ -198,7 +208,15 @@ class ModelService:
             )
             base.model.set_adapter(adapter)
             trainer: Trainer
-            if self.placement is not None:
+            if config.trainer_backend == "unsloth":
+                try:
+                    trainer = self._unsloth_trainer(
+                        base, resolved, config, adapter, store, start_from
+                    )
+                except BaseException:  # e.g. Unsloth refused the model: no adapter left behind
+                    base.model.delete_adapter(adapter)
+                    raise
+            elif self.placement is not None:
                 trainer = self.placement.start_trainer(
                     TrainerSpec(
                         resolved,
@@ -237,6 +255,38 @@ class ModelService:
             base.engine = self._start_engine(base, resolved)
         publish(trained, store.step())  # served before it is routed
         return trained
+
+    def _unsloth_trainer(
+        self,
+        base: LoadedBase,
+        resolved: models.ResolvedModel,
+        config: dev.InternalModelConfig,
+        adapter: str,
+        store: ModelStore,
+        start_from: Path | None,
+    ) -> Trainer:
+        """The Unsloth trainer's child process for one model; every checkpoint it writes
+        is loaded into this service's copy of the adapter, which the engine serves."""
+        from ..trainer.peft_trainer import load_adapter_weights
+        from ..trainer.unsloth_trainer import (
+            UnslothSpec,
+            UnslothTrainer,
+            require_unsloth_python,
+        )
+
+        spec = UnslothSpec(
+            python=require_unsloth_python(),
+            weights=resolved.weights,
+            dtype=str(base.model.dtype).removeprefix("torch."),
+            config=config,
+            log_path=Path(self.path) / "logs" / f"unsloth-{adapter}.log",
+        )
+        return UnslothTrainer(
+            spec,
+            start_from,
+            latest_checkpoint=lambda: store.checkpoint_dir(store.step()),
+            mirror=lambda directory: load_adapter_weights(base.model, adapter, directory),
+        )
 
     def _base_for(
         self, resolved: models.ResolvedModel, config: dev.InternalModelConfig

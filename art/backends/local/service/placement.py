@@ -52,6 +52,10 @@ class Trainer(Protocol):
         """Set the adapter and optimizer back to the checkpoint in `directory`."""
         ...
 
+    def close(self) -> None:
+        """Free what the trainer holds outside the training model (a process, a group)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TrainerSpec:

@@ -120,6 +120,23 @@ def add_adapter(
     return wrapped
 
 
+def load_adapter_weights(model: PeftModel, adapter: str, directory: Path) -> None:
+    """Set the weights of adapter `adapter` of `model` to the checkpoint in `directory`
+    (written by `PeftTrainer.save`, here or in another process); every key must match."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    device = next(p.device for p in model.parameters())
+    weights = load_file(str(directory / "adapter_model.safetensors"), device=str(device))
+    result = set_peft_model_state_dict(model, weights, adapter_name=adapter)
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise TrainingError(
+            f"the checkpoint in {directory} does not fit adapter {adapter!r}: "
+            f"{len(unexpected)} of its weights have no place in it (e.g. {unexpected[0]})"
+        )
+
+
 class StepSync(Protocol):
     """How data-parallel trainers agree within one step (`art.backends.ray` gives one).
 
@@ -463,13 +480,12 @@ class PeftTrainer:
     def restore(self, directory: Path) -> None:
         """Set the adapter and the optimizer back to the checkpoint in `directory` (after
         a call of several steps failed part way)."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        weights = load_file(str(directory / "adapter_model.safetensors"), device=str(self.device))
-        set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter)
+        load_adapter_weights(self.model, self.adapter, directory)
         if not self.load_optimizer(directory):
             self.optimizer.state.clear()
+
+    def close(self) -> None:
+        """Nothing to free: the model and optimizer go with the service's references."""
 
     def _sequences(
         self, groups: list[TrajectoryGroup], dev_config: dev.TrainConfig, chat_template: str | None
@@ -705,5 +721,6 @@ __all__ = [
     "StepSync",
     "add_adapter",
     "create_peft_model",
+    "load_adapter_weights",
     "lora_config",
 ]
