@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,14 @@ for _name, _value in {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
 }.items():
     os.environ.setdefault(_name, _value)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A thread a test left behind must not hold the run open until CI's limit: if the
+    process has not exited two minutes after the last test, print every thread's stack
+    and exit with status 1."""
+    faulthandler.dump_traceback_later(120, exit=True)
 
 
 class _ChatServer(JsonHandler):

@@ -366,13 +366,15 @@ def _mapped_on_its_own() -> bool | None:
 
 
 class _InAThread:
-    """A thread that enters `scope` and stays inside until `leave()`: a step in progress."""
+    """A thread that enters `scope` and stays inside until `leave()`: a step in progress.
+
+    A daemon, so a test that fails before `leave()` cannot keep pytest from exiting."""
 
     def __init__(self, scope: AbstractContextManager[object]) -> None:
         self._entered = threading.Event()
         self._leave = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(scope,))
+        self._thread = threading.Thread(target=self._run, args=(scope,), daemon=True)
         self._thread.start()
         self._entered.wait()
         if self._error is not None:
@@ -389,10 +391,25 @@ class _InAThread:
             self._entered.set()
 
     def leave(self) -> None:
+        if self._leave.is_set():
+            return
         self._leave.set()
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+@contextmanager
+def _steps(*scopes: AbstractContextManager[object]) -> Iterator[list[_InAThread]]:
+    """One `_InAThread` per scope; whatever the test does, each has left at the end."""
+    threads: list[_InAThread] = []
+    try:
+        for scope in scopes:
+            threads.append(_InAThread(scope))
+        yield threads
+    finally:
+        for thread in reversed(threads):
+            thread.leave()
 
 
 @contextmanager
@@ -408,17 +425,23 @@ def _measuring(peak: PeakMemory) -> Iterator[None]:
 def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
     """Two CPU steps training at once in two threads (two base models in one process):
     the first to finish must not give glibc its high threshold back under the other."""
-    first = _InAThread(large_frees_returned())
-    second = _InAThread(large_frees_returned())
-    assert _mapped_on_its_own() is not False
+    with _steps(large_frees_returned(), large_frees_returned()) as (first, second):
+        assert _mapped_on_its_own() is not False
 
-    first.leave()
-    assert _mapped_on_its_own() is not False, "restored while a step still trains"
-    assert memory.PROCESS_MEMORY.mmap_threshold == 256 * 1024
+        first.leave()
+        assert _mapped_on_its_own() is not False, "restored while a step still trains"
+        assert memory.PROCESS_MEMORY.mmap_threshold == 256 * 1024
 
-    second.leave()
-    assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
-    assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
+        second.leave()
+        assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
+        assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
+
+
+def _status_gib(field: str) -> float:
+    line = next(
+        x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field)
+    )
+    return int(line.split()[1]) / 1024**2
 
 
 @pytest.mark.skipif(
@@ -427,28 +450,26 @@ def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
 def test_a_step_starting_does_not_reset_the_peak_of_one_in_progress() -> None:
     cpu = torch.device("cpu")
     first_peak = PeakMemory(cpu)
-    first = _InAThread(_measuring(first_peak))
-    at_start = first_peak.peak_gib()
-    block = bytearray(b"\x01") * (256 * 1024**2)  # filled, so resident
-    del block
-
     second_peak = PeakMemory(cpu)
-    second = _InAThread(_measuring(second_peak))
-    assert first_peak.peak_gib() >= at_start + 0.24, "the second step reset the first's peak"
-    # The peak is the process's over the step: the second's includes the first's.
-    assert second_peak.peak_gib() >= at_start + 0.24
+    with _steps(_measuring(first_peak)) as (first,):
+        at_start = first_peak.peak_gib()
+        # Otherwise another step of this process is still measuring: a leak to find first.
+        assert at_start < _status_gib("VmRSS:") + 0.05, "the first step's start did not reset"
+        block = bytearray(b"\x01") * (256 * 1024**2)  # filled, so resident
+        del block
 
-    second.leave()
-    first.leave()
+        with _steps(_measuring(second_peak)) as (second,):
+            assert first_peak.peak_gib() >= at_start + 0.24, "the second step reset the peak"
+            # The peak is the process's over the step: the second's includes the first's.
+            assert second_peak.peak_gib() >= at_start + 0.24
+            second.leave()
+        first.leave()
     reached = first_peak.peak_gib()  # kept from when it stopped
     assert reached >= at_start + 0.24
 
     third_peak = PeakMemory(cpu)
-    third = _InAThread(_measuring(third_peak))
-    try:
+    with _steps(_measuring(third_peak)):
         assert third_peak.peak_gib() < reached - 0.2  # alone again: reset at its start
-    finally:
-        third.leave()
 
 
 @pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
