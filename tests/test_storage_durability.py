@@ -74,3 +74,47 @@ def test_an_atomic_file_write_syncs_the_file_then_its_directory(
     assert any(kind == "fsync" for kind, _ in syscalls.events[:publish])
     assert ("fsync", str(tmp_path)) in syscalls.events[publish:]
     assert target.read_text() == "{}\n"
+
+
+_WRITES = """
+from pathlib import Path
+from art.core.storage import ModelStore, replace_dir_atomic, write_text_atomic
+
+root = Path("run")
+store = ModelStore(root, "project", "model")
+store.write_model({"name": "model", "project": "project"})
+store.append_history(0, {"val/reward": 1.0})
+write_text_atomic(root / "report.html", "<p>report</p>")
+replace_dir_atomic(root / "checkpoint", lambda d: (d / "adapter.bin").write_bytes(b"x"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)]
+)
+def test_what_is_written_atomically_gets_the_mode_the_users_umask_gives(
+    tmp_path: Path, umask: int, file_mode: int, dir_mode: int
+) -> None:
+    """Temporary files start 0600 (mkstemp) and directories 0700 (mkdtemp); what is
+    published is as readable as any file the user writes: reports, histories, adapters."""
+    import stat
+    import subprocess
+    import sys
+
+    for _ in range(2):  # new files, then each written over
+        subprocess.run(
+            [sys.executable, "-c", _WRITES],
+            cwd=tmp_path,
+            umask=umask,
+            check=True,
+            timeout=120,
+            env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+    run = tmp_path / "run"
+    files = [run / "report.html", run / "checkpoint" / "adapter.bin"] + [
+        run / "project" / "models" / "model" / name for name in ("model.json", "history.jsonl")
+    ]
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == dict.fromkeys(
+        (f.name for f in files), file_mode
+    )
+    assert stat.S_IMODE((run / "checkpoint").stat().st_mode) == dir_mode

@@ -71,6 +71,10 @@ def atomic_path(target: Path) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        # mkstemp's file is mode 0600; made again, it gets the mode of any file the user
+        # writes (the umask applied), so a page or a history is readable like the rest.
+        tmp.unlink()
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         yield tmp
         fsync_file(tmp)  # the writer may not have synced (Parquet, HTML reports)
         os.replace(tmp, target)
@@ -97,6 +101,8 @@ def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         try:
+            tmp.rmdir()  # mkdtemp's is mode 0700: made again, the umask applies
+            tmp.mkdir()
             fill(tmp)
             fsync_tree(tmp)
         except OSError as error:

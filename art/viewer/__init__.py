@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.storage import atomic_path
+from ..core.storage import write_text_atomic
 from ._page import render_page
 from ._read import RunLocation, locate, read_project
 
@@ -41,12 +41,7 @@ def write_page(
         Path(out) if out is not None else location.base_path / location.project / DEFAULT_PAGE_NAME
     )
     page = render_page(read_project(location))
-    with atomic_path(target) as tmp:
-        # The temporary file is mkstemp's, mode 0600; made again with open(), the kernel
-        # applies the umask, so the page is as readable as a file the user writes.
-        tmp.unlink()
-        with tmp.open("x", encoding="utf-8") as file:
-            file.write(page)
+    write_text_atomic(target, page)
     return target
 
 
