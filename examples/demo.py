@@ -15,6 +15,7 @@ or `vllm` (vLLM from `.venv-vllm`: `ART_ENGINE=vllm make demo` builds it first).
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import json
@@ -35,6 +36,9 @@ SYSTEM = "You are a calculator. Reply with the number only."
 def questions(seed: int, count: int) -> list[tuple[int, int]]:
     rng = random.Random(seed)
     return [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(count)]
+
+
+# --8<-- [end:imports]
 
 
 # --8<-- [start:rollout]

@@ -14,6 +14,7 @@ A second start resumes the run from its last checkpoint; `--fresh` deletes it fi
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import json
@@ -37,6 +38,7 @@ SYSTEM = (
     "You answer questions about countries. "
     'To find a capital, call lookup_capital with {"country": "<name>"}.'
 )
+# --8<-- [end:imports]
 # create_react_agent is deprecated in favour of langchain's create_agent; it still runs.
 warnings.filterwarnings("ignore", message="create_react_agent has been moved")
 

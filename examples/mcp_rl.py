@@ -5,7 +5,8 @@
 2. Generate scenarios (tasks the tools can solve) with the model itself as the
    generator, through its OpenAI-compatible endpoint and structured output.
 3. Each step: roll out every scenario several times through the tool loop, rank each
-   group with RULER (the judge sees the server's tools), and train on the ranks. Each
+   group with RULER (the judge sees the server's tools; equal scores are broken by a
+   clean finish, then brevity: `TIE_BREAK`), and train on the ranks. Each
    rollout runs on its own notes server, started from the seed notes
    (`fresh_sessions=True` with `--db :memory:`), so the rollouts of a group are compared
    from the same state and no rollout sees what another added or deleted.
@@ -21,6 +22,7 @@ A second start resumes the run from its last checkpoint; `--fresh` deletes it fi
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import shutil
@@ -43,6 +45,7 @@ from art.mcp import (
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SERVER = Path(__file__).resolve().parent / "mcp_notes_server.py"
+# --8<-- [end:imports]
 # --8<-- [start:config]
 # "required": every turn is a tool call, so even a 135M model exercises the tools; the
 # built-in complete_task call is how it ends a rollout early.
@@ -60,12 +63,28 @@ def completed_cleanly(trajectory: art.Trajectory) -> float:
     return float(bool(trajectory.metrics["completed"]) and trajectory.metrics["tool_errors"] == 0)
 
 
+# A judge as small as the default model scores a group's rollouts alike, and a group of
+# equal rewards teaches GRPO nothing. What the rubric also asks, a clean finish and then a
+# shorter rollout, breaks such ties; at most 0.01, it leaves a real judge's ranking alone.
+TIE_BREAK = 0.01
+
+
+def tie_break(trajectory: art.Trajectory) -> float:
+    """From 0 to 1: half for finishing cleanly, half for brevity (none at 2,000 characters)."""
+    written = sum(
+        len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or ""))
+        for m in trajectory.messages()
+        if m["role"] == "assistant"
+    )
+    return 0.5 * completed_cleanly(trajectory) + 0.5 * (1 - min(written, 2000) / 2000)
+
+
 # --8<-- [end:reward]
 
 
 def spread(groups: list[art.TrajectoryGroup]) -> int:
-    """Groups whose rollouts the judge scored differently: the only ones GRPO learns from."""
-    return sum(len({t.reward for t in group}) > 1 for group in groups)
+    """Groups whose rollouts the judge scored differently (before the tie-break)."""
+    return sum(len({t.metrics["ruler_score"] for t in group}) > 1 for group in groups)
 
 
 async def main(arguments: argparse.Namespace) -> None:
@@ -92,7 +111,13 @@ async def main(arguments: argparse.Namespace) -> None:
             "api_key": model.inference_api_key,
             "temperature": 0.0,
         }
-    score = ruler_scorer(judge_model, judge_params, RUBRIC, swallow_exceptions=True)
+    judge = ruler_scorer(judge_model, judge_params, RUBRIC, swallow_exceptions=True)
+
+    async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
+        judged = await judge(group)
+        for trajectory in judged or []:
+            trajectory.reward += TIE_BREAK * tie_break(trajectory)
+        return judged
 
     # Opened once to discover the tools; each rollout starts its own copy (ROLLOUT).
     server = MCPSession.stdio(sys.executable, [str(SERVER), "--db", ":memory:"])
@@ -142,9 +167,9 @@ async def main(arguments: argparse.Namespace) -> None:
             calls = sum(float(t.metrics["tool_calls"]) for t in trajectories)
             errors = sum(float(t.metrics["tool_errors"]) for t in trajectories)
             print(
-                f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart), "
-                "mean RULER score "
-                f"{sum(t.reward for t in trajectories) / len(trajectories):.2f}, "
+                f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart "
+                "by the judge), mean RULER score "
+                f"{sum(float(t.metrics['ruler_score']) for t in trajectories) / len(trajectories):.2f}, "
                 f"{calls / len(trajectories):.1f} tool calls per rollout, "
                 f"{errors / max(calls, 1):.0%} of them errors"
             )

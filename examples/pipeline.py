@@ -15,6 +15,7 @@ and skips the questions already taken; `--fresh` starts over.
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import json
@@ -29,8 +30,10 @@ from art.local import LocalBackend
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SYSTEM = "You are a calculator. Reply with the number only."
+# --8<-- [end:imports]
 
 
+# --8<-- [start:rollout]
 def questions(seed: int) -> Iterator[dict[str, int]]:
     """An endless stream of scenarios: PipelineTrainer takes them as workers free up."""
     rng = random.Random(seed)
@@ -65,6 +68,9 @@ async def rollout(
     await asyncio.sleep(tool_seconds)  # the environment's tool call
     trajectory.reward = reward(choice.message.content or "", a + b)
     return trajectory
+
+
+# --8<-- [end:rollout]
 
 
 async def main(args: argparse.Namespace) -> None:

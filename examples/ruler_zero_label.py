@@ -1,7 +1,8 @@
-"""Zero-label training: GRPO on the default model where RULER is the only reward.
+"""Zero-label training: GRPO on the default model where RULER is the reward.
 
 No answer key and no reward function: each group of rollouts is scored by an LLM judge
-that compares them side by side (`ruler_score_group` as the gather's `after_each`).
+that compares them side by side (`ruler_score_group` as the gather's `after_each`); where
+the judge gives equal scores, the shorter answer is preferred by at most 0.01 (`TIE_BREAK`).
 By default the judge is the base model itself, served by the same LocalBackend under
 its own name, so the run needs nothing but this machine; name any LiteLLM model with
 `--judge` (e.g. `--judge openai/gpt-4.1-mini` with OPENAI_API_KEY set) for a real one.
@@ -13,6 +14,7 @@ A second start resumes the run from its last checkpoint; `--fresh` deletes it fi
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import random
@@ -45,6 +47,18 @@ RUBRIC = """\
 - Answers that repeat themselves or drift off topic score lowest."""
 
 
+# A judge as small as the default model scores a group's answers alike, and a group of
+# equal rewards teaches GRPO nothing. The rubric's own label-free preference, the shorter
+# answer, breaks such ties; at most 0.01, it leaves a real judge's ranking as it was.
+TIE_BREAK = 0.01
+
+
+def shortness(trajectory: art.Trajectory) -> float:
+    """1 for an empty answer, falling to 0 at 200 characters."""
+    answer = trajectory.messages()[-1].get("content") or ""
+    return 1 - min(len(str(answer)), 200) / 200
+
+
 async def rollout(model: art.TrainableModel, question: str) -> art.Trajectory:
     trajectory = art.Trajectory(
         messages_and_choices=[
@@ -63,9 +77,12 @@ async def rollout(model: art.TrainableModel, question: str) -> art.Trajectory:
     return trajectory  # reward stays 0: RULER sets it
 
 
+# --8<-- [end:imports]
+
+
 def spread(groups: list[art.TrajectoryGroup]) -> int:
-    """Groups whose rollouts the judge scored differently: the only ones GRPO learns from."""
-    return sum(len({t.reward for t in group}) > 1 for group in groups)
+    """Groups whose rollouts the judge scored differently (before the tie-break)."""
+    return sum(len({t.metrics["ruler_score"] for t in group}) > 1 for group in groups)
 
 
 async def main(arguments: argparse.Namespace) -> None:
@@ -95,9 +112,12 @@ async def main(arguments: argparse.Namespace) -> None:
     print(f"judge: {judge_model}")
 
     async def score(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
-        return await ruler_score_group(
+        judged = await ruler_score_group(
             group, judge_model, judge_params, RUBRIC, swallow_exceptions=True
         )
+        for trajectory in judged or []:
+            trajectory.reward += TIE_BREAK * shortness(trajectory)
+        return judged
 
     failures = 0
     while (step := await model.get_step()) < arguments.steps:
@@ -120,10 +140,11 @@ async def main(arguments: argparse.Namespace) -> None:
             continue
         failures = 0
         await model.train(groups, config=art.TrainConfig(learning_rate=arguments.learning_rate))
-        rewards = [t.reward for g in groups for t in g]
+        rewards = [float(t.metrics["ruler_score"]) for g in groups for t in g]
         best = max((t for g in groups for t in g), key=lambda t: t.reward)
         print(
-            f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart), "
+            f"step {step + 1}: {len(groups)} groups judged ({spread(groups)} told apart by "
+            "the judge), "
             "mean RULER score "
             f"{sum(rewards) / len(rewards):.2f}; best answer {best.messages()[-1]['content']!r}"
         )

@@ -12,6 +12,7 @@ SFT, after it and after RL: the format rate and the mean reward of each are prin
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import argparse
 import asyncio
 import json
@@ -34,6 +35,9 @@ def questions(seed: int, count: int) -> list[tuple[int, int]]:
 
 def ask(a: int, b: int) -> list[art.Message]:
     return [{"role": "user", "content": f"What is {a} plus {b}?"}]
+
+
+# --8<-- [end:imports]
 
 
 # --8<-- [start:data]

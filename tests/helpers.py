@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
@@ -97,3 +98,17 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def trainable_groups(run_dir: Path) -> list[float]:
+    """`train/trainable_groups` of each training row of a run's `history.jsonl`: the groups
+    whose rewards differed, the only ones a GRPO step learns from."""
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return [row["train/trainable_groups"] for row in rows if "train/trainable_groups" in row]
+
+
+def assert_a_step_learned(run_dir: Path) -> None:
+    """A recipe ran as written and trained a step that learns: some group's rewards differed."""
+    counts = trainable_groups(run_dir)
+    assert counts, f"no training step in {run_dir / 'history.jsonl'}"
+    assert max(counts) > 0, f"every group's rewards were equal at each step: {counts}"

@@ -3,7 +3,7 @@
 Each fenced block on the site is one of three kinds:
 - an include (`--8<-- "path"` or `"path:section"`) of a file a test runs: a snippet under
   `docs/snippets/`, which the tests here execute, or an example under `examples/`, which a
-  test of its own runs (the LangGraph example's rollout is run here);
+  test of its own runs (tests/test_examples.py: each trains a step that learns);
 - a block preceded by `<!-- not run: why -->`, which says why it is not run (shell
   commands, a directory listing, the shape of a call);
 - nothing else: a bare block fails `test_every_code_block_is_included_or_marked`.
@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import assert_a_step_learned
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -135,17 +136,15 @@ def test_every_code_block_is_included_or_marked() -> None:
     for page in pages():
         for line, before, body in blocks(page):
             where = f"{page.relative_to(REPO)}:{line}"
-            includes = [INCLUDE.match(row) for row in body.strip().splitlines()]
+            includes = [INCLUDE.match(row) for row in body.splitlines() if row.strip()]
             if includes and all(includes):
                 for include in includes:
                     assert include is not None
                     path = include.group("path")
-                    if path.startswith("examples/") and path != "examples/langgraph_agent.py":
+                    if path.startswith("examples/"):
                         if not named_by_a_test(path):
                             untested.append(f"{where}: {path}")
-                    elif not (
-                        path.startswith("docs/snippets/") or path == "examples/langgraph_agent.py"
-                    ):
+                    elif not path.startswith("docs/snippets/"):
                         untested.append(f"{where}: {path} is run by no test")
             elif not NOT_RUN.search(before):
                 bare.append(where)
@@ -194,6 +193,30 @@ def test_each_snippet_runs(snippet: str, tmp_path: Path) -> None:
     assert not (tmp_path / ".art").exists(), "a snippet wrote a run where it was started"
 
 
+@pytest.mark.parametrize(
+    ("snippet", "run"),
+    [("readme_example.py", "demo/models/agent"), ("loop.py", "my-task/models/agent-001")],
+)
+def test_the_loops_shown_train_a_step_that_learns(snippet: str, run: str, tmp_path: Path) -> None:
+    """The README's loop and the getting-started template, their `main` run for one step
+    where a user would start them: the rewards tell some group's rollouts apart."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, runpy; asyncio.run(runpy.run_path("
+            f"{str(SNIPPETS / snippet)!r}, run_name='docs_snippet')['main'](steps=1))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_a_step_learned(tmp_path / ".art" / run)
+
+
 def test_every_snippet_is_shown_on_the_site() -> None:
     shown = {
         Path(include.group("path")).name
@@ -217,8 +240,8 @@ def test_the_readme_example_is_the_snippet_the_tests_run() -> None:
 def test_the_langgraph_recipe_is_its_example_and_its_rollout_is_recorded(
     tmp_path: Path,
 ) -> None:
-    """The guide includes examples/langgraph_agent.py (no other test runs it): one group of
-    its rollout, as the example wraps it, on the default model. No training."""
+    """One group of the LangGraph guide's rollout, as the example wraps it, on the default
+    model: what the graph's calls recorded (tests/test_examples.py trains the example)."""
     spec = importlib.util.spec_from_file_location(
         "langgraph_agent", REPO / "examples" / "langgraph_agent.py"
     )

@@ -1,4 +1,5 @@
-"""Each example runs end to end, as a user would start it, on a small budget."""
+"""Each example runs end to end, as a user would start it, on a small budget, and trains a
+step that learns: some group's rewards differ (`train/trainable_groups` > 0)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import assert_a_step_learned
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +37,7 @@ def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
     assert (run / "reward.png").stat().st_size > 10_000
     adapter = run / "checkpoints" / "0001" / "adapter_model.safetensors"
     assert adapter.is_file()
+    assert_a_step_learned(run)
     trained = adapter.read_bytes()
 
     # Started again, the run resumes: step 1 is kept and not trained again.
@@ -74,6 +77,7 @@ def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
     assert "RULER explanation: " in result.stdout
     run = tmp_path / "art-ruler" / "models" / "zero-label"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    assert_a_step_learned(run)
 
 
 # Liveness only, as the subprocess's own limit: scenario generation, rollouts, RULER and a
@@ -98,6 +102,7 @@ def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
     assert "held-out:" in result.stdout
     run = tmp_path / "art-mcp" / "models" / "notes-agent"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    assert_a_step_learned(run)
 
 
 def test_sft_then_rl_teaches_the_format_then_trains_from_that_checkpoint(tmp_path: Path) -> None:
@@ -126,3 +131,22 @@ def test_sft_then_rl_teaches_the_format_then_trains_from_that_checkpoint(tmp_pat
     assert "after RL (step 2): format rate" in result.stdout
     run = tmp_path / "art-sft" / "models" / "format"
     assert (run / "checkpoints" / "0002" / "adapter_model.safetensors").is_file()
+    assert_a_step_learned(run)
+
+
+def test_the_langgraph_example_trains_a_step_its_rewards_tell_apart(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "langgraph_agent.py"),
+            *("--steps", "1", "--group-size", "4", "--path", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 1: reward" in result.stdout
+    run = tmp_path / "langgraph" / "models" / "capitals-agent"
+    assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    assert_a_step_learned(run)

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
+from helpers import assert_a_step_learned
 
 import art
 from art.backends.local.engines.config_support import check_supported
@@ -476,6 +477,7 @@ def test_the_pipeline_example_trains_then_resumes(tmp_path: Path) -> None:
     assert "step 1: reward" in first
     run = tmp_path / "art-pipeline" / "models" / "arithmetic"
     assert (run / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+    assert_a_step_learned(run)
     second = run_example(tmp_path, "--steps", "2")
     assert "resuming the run" in second
     assert "at step 1" in second

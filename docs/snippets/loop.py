@@ -4,6 +4,7 @@ Replace `SCENARIOS` and `score` with your task's; everything else is what you ke
 """
 
 import asyncio
+import re
 
 import art
 from art.local import LocalBackend
@@ -12,9 +13,10 @@ SCENARIOS = ["What is 2 + 3?", "What is 7 + 5?", "What is 9 + 4?"]
 
 
 def score(answer: str | None, scenario: str) -> float:
-    """Your reward: here, 1.0 when the answer is the sum alone."""
+    """Your reward: here 1.0 for the sum alone, 0.5 for the sum among other words."""
     a, b = (int(n) for n in scenario.removeprefix("What is ").rstrip("?").split(" + "))
-    return float((answer or "").strip() == str(a + b))
+    text = (answer or "").strip().rstrip(".")
+    return 1.0 if text == str(a + b) else 0.5 if str(a + b) in re.findall(r"\d+", text) else 0.0
 
 
 async def rollout(model: art.Model, scenario: str) -> art.Trajectory:
