@@ -522,3 +522,35 @@ def test_a_budget_is_refused_to_a_trainer_overlapping_decoding(
         )
     assert refused.value.field == "overlaps_decoding"
     assert "memory_budget_gb=4.0" in str(refused.value)
+
+
+async def test_a_closed_backend_lets_go_of_its_models(tmp_path: Path) -> None:
+    """Closing an in-process LocalBackend frees its base model, serving copy and trainer,
+    though FastAPI's caches keep its endpoint (and so its service) alive: a process that
+    opens backends one after another does not keep every model it ever loaded."""
+    import gc
+    import weakref
+
+    from art.backends.local.trainer.peft_trainer import PeftTrainer
+
+    def trainers() -> list[PeftTrainer]:
+        return [o for o in gc.get_objects() if type(o) is PeftTrainer]
+
+    before = {id(o) for o in trainers()}
+    backend = LocalBackend(path=tmp_path / ".art", in_process=True)
+    model = art.TrainableModel(
+        name="closed", project="mem", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    await model.register(backend)
+    await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+    )
+    ours = [weakref.ref(o) for o in trainers() if id(o) not in before]
+    assert len(ours) == 1, "the backend's trainer was not found"
+    weights = weakref.ref(next(ours[0]().model.parameters()))  # type: ignore[union-attr]
+    await backend.close()
+    gc.collect()
+    assert ours[0]() is None, "the trainer outlived its backend"
+    assert weights() is None, "the model's weights outlived its backend"

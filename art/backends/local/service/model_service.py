@@ -178,6 +178,13 @@ class ModelService:
         for base in self._bases.values():
             if base.engine is not None:
                 base.engine.close()
+        # FastAPI's caches keep the endpoint's functions, and with them this service, alive
+        # after the server stops: let go of the models so their memory is freed now.
+        self._models.clear()
+        self._bases.clear()
+        from ..trainer.memory import release_free_memory
+
+        release_free_memory()
         if self.placement is not None:
             self.placement.close()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import sys
 import threading
@@ -299,6 +300,15 @@ def _glibc() -> ctypes.CDLL | None:
 PROCESS_MEMORY = ProcessMemory()
 
 
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's `malloc_trim`), once the
+    objects that held them are gone: after a model is unloaded, say."""
+    gc.collect()  # models hold reference cycles (modules and their hooks)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 def large_frees_returned() -> contextlib.AbstractContextManager[None]:
     """`PROCESS_MEMORY.large_frees_returned()`: the low mmap threshold while a CPU step trains."""
     return PROCESS_MEMORY.large_frees_returned()
@@ -350,4 +360,5 @@ __all__ = [
     "budget",
     "large_frees_returned",
     "logits_chunk_rows",
+    "release_free_memory",
 ]
