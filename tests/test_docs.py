@@ -173,24 +173,41 @@ def test_the_checker_catches_a_bare_block(tmp_path: Path) -> None:
     assert not INCLUDE.match(found[2][1].strip())
 
 
-@pytest.mark.parametrize("snippet", sorted(p.name for p in SNIPPETS.glob("*.py")))
-def test_each_snippet_runs(snippet: str, tmp_path: Path) -> None:
-    """Each snippet runs as a module (what sits under `if __name__ == "__main__"` would
-    train or reach a network, and is left out), in a directory of its own, offline."""
-    result = subprocess.run(
+def run_snippet(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a snippet as a module (what sits under `if __name__ == "__main__"` would train
+    or reach a network, and is left out), in `cwd`, offline."""
+    return subprocess.run(
         [
             sys.executable,
             "-c",
-            f"import runpy; runpy.run_path({str(SNIPPETS / snippet)!r}, run_name='docs_snippet')",
+            f"import runpy; runpy.run_path({str(path)!r}, run_name='docs_snippet')",
         ],
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
         env=ENV | {"WANDB_MODE": "offline", "WEAVE_DISABLED": "true"},
     )
+
+
+@pytest.mark.parametrize("snippet", sorted(p.name for p in SNIPPETS.glob("*.py")))
+def test_each_snippet_runs(snippet: str, tmp_path: Path) -> None:
+    result = run_snippet(SNIPPETS / snippet, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / ".art").exists(), "a snippet wrote a run where it was started"
+
+
+def test_a_broken_snippet_fails_its_run(tmp_path: Path) -> None:
+    """A snippet whose API call went stale (here a keyword `TrainConfig` never had) fails
+    the run above, so the page that includes it cannot go on showing it."""
+    broken = tmp_path / "loop.py"
+    broken.write_text(
+        (SNIPPETS / "loop.py").read_text()
+        + "\nart.TrainConfig(learning_rate=1e-5, no_such_option=True)\n"
+    )
+    result = run_snippet(broken, tmp_path)
+    assert result.returncode != 0
+    assert "no_such_option" in result.stderr
 
 
 @pytest.mark.parametrize(
