@@ -219,6 +219,15 @@ async def test_a_failed_step_names_the_step_it_was_making(backend: LocalBackend)
             "trainer_gpu_ids",
             "not built for the Unsloth trainer",
         ),
+        (
+            art.dev.InternalModelConfig(
+                trainer_gpu_ids=[],
+                inference_gpu_ids=[],
+                trainer_args=art.dev.TrainerArgs(memory_budget_gb=2.0),
+            ),
+            "trainer_args.memory_budget_gb",
+            "dedicated mode on the CPU",
+        ),
     ],
 )
 async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(

@@ -167,6 +167,8 @@ async def test_dedicated_mode_answers_a_request_while_a_step_holds_the_training_
         service = service_of(backend)
         base = service._models["concurrency/beside"].base
         assert base.engine.serves_while_training
+        # Its steps leave glibc's mmap threshold to the decode loop beside them.
+        assert service._models["concurrency/beside"].trainer.overlaps_decoding
         events: list[str] = []
         held, release = threading.Event(), threading.Event()
 

@@ -111,6 +111,13 @@ def _check_cpu_dedicated(config: dev.InternalModelConfig) -> None:
             "For dedicated mode on the CPU give both lists empty: trainer_gpu_ids=[], "
             "inference_gpu_ids=[]; or leave both unset (shared mode)",
         )
+    if config.trainer_args.memory_budget_gb is not None:
+        raise ConfigError(
+            "_internal_config.trainer_args.memory_budget_gb",
+            "cannot be held in dedicated mode on the CPU: the step leaves glibc's mmap "
+            "threshold to the decode loop beside it, so its freed activations stay resident",
+            "Leave memory_budget_gb unset in dedicated mode, or use shared mode",
+        )
 
 
 def _check_vllm(config: dev.InternalModelConfig) -> None:

@@ -239,6 +239,8 @@ class ModelService:
                     base.tokenizer,
                     init_args=config.init_args,
                     trainer_args=config.trainer_args,
+                    # The serving copy decodes in this process while the step trains.
+                    overlaps_decoding=is_cpu_dedicated(config),
                 )
                 if start_from is not None:
                     trainer.load_optimizer(start_from)
