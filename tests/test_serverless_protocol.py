@@ -10,15 +10,17 @@ default model.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import httpx
 import pytest
-from helpers import JsonHandler, serving
+from helpers import JsonHandler, serving, tool_trajectory
 from openai import AsyncOpenAI
 from serve_server import BASE, KEY, Server
 
 import art
+from art.core.storage import ModelStore
 from art.serverless.backend import ServerlessBackend
 
 ADMIN = {"Authorization": f"Bearer {KEY}"}
@@ -408,18 +410,39 @@ class _PlainTrainingApi(JsonHandler):
                 }
             )
         else:
-            payload = b"null"
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._send_null()
+
+    def do_GET(self) -> None:
+        """Three checkpoints, with no metrics: the service's checkpoint list."""
+        steps = [s for s in (1, 2, 3) if s not in _PlainTrainingApi.deleted]
+        if "order=desc" in self.path:
+            steps.reverse()
+        data = [{"id": f"ckpt-{s}", "step": s} for s in steps]
+        self.send_json({"data": data, "has_more": False})
+
+    def do_DELETE(self) -> None:
+        _PlainTrainingApi.deleted.extend(self.read_json()["steps"])
+        self._send_null()
+
+    def _send_null(self) -> None:
+        payload = b"null"
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    deleted: ClassVar[list[int]] = []
 
 
-async def test_the_client_refuses_extensions_a_server_does_not_acknowledge() -> None:
-    """Against a server without our extensions, nothing we send is silently dropped."""
+async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
+    tmp_path: Path,
+) -> None:
+    """Against a server without our extensions, nothing we send is silently dropped: what
+    it does not store is refused, or (a log's step and metrics) kept on the client's side
+    as ART's client keeps them."""
     with serving(_PlainTrainingApi) as url:
-        backend = ServerlessBackend(base_url=url, api_key="k")
+        backend = ServerlessBackend(base_url=url, api_key="k", path=tmp_path)
         plain = art.TrainableModel(name="agent", project="p", base_model=BASE)
         await plain.register(backend)  # the documented fields are enough
         assert plain.entity == "someone"
@@ -437,7 +460,24 @@ async def test_the_client_refuses_extensions_a_server_does_not_acknowledge() -> 
             await tuned.register(backend)
         assert refused.value.field == "_internal_config"
 
-        with pytest.raises(art.ConfigError) as unlogged:
-            await plain.log(metrics={"score": 1.0}, step=2)
-        assert unlogged.value.field == "metrics"
+        # From step 0, before any metric: ART's note, the latest kept, nothing refused.
+        _PlainTrainingApi.deleted.clear()
+        assert await plain.delete_checkpoints("val/score") == [1, 2]
+        _PlainTrainingApi.deleted.clear()
+
+        await plain.log(metrics={"score": 1.0}, step=2)
+        await plain.log(metrics={"score": 0.5}, step=3)
+        group = art.TrajectoryGroup([tool_trajectory(1.0), tool_trajectory(0.0)])
+        await plain.log([group], step=3)
+        run = ModelStore(tmp_path, "p", "agent")
+        rows = run.read_history()
+        assert [(row["step"], row.get("val/score")) for row in rows] == [
+            (2, 1.0),
+            (3, 0.5),
+            (3, None),
+        ]
+        assert rows[2]["val/reward"] == 0.5
+        assert len(run.read_trajectories("val", 3)[0].trajectories) == 2
+        # The metric the server does not keep ranks the checkpoints from the kept history.
+        assert await plain.delete_checkpoints("val/score") == [1]
         await backend.close()

@@ -49,6 +49,7 @@ from ..core.errors import (
 )
 from ..core.model import Model, TrainableModel
 from ..core.sft_data import SFTDataError, trajectory_problems
+from ..core.storage import ModelStore
 from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
@@ -99,6 +100,10 @@ class ServerlessBackend:
             backoff) after a dropped connection or a 502/503/504.
         timeout: seconds to wait for a response (loading a base model on `register`
             takes a while).
+        path: where logs are kept that the server does not store (the managed service
+            keeps trajectories only): `<path>/<project>/models/<name>/`, as ART's client
+            keeps them under its `base_path` (".art" by default), and where
+            `delete_checkpoints` then finds the metric to rank by.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class ServerlessBackend:
         base_url: str | None = None,
         max_retries: int = 4,
         timeout: float = 600.0,
+        path: str | os.PathLike[str] = ".art",
     ) -> None:
         key = api_key or os.environ.get("WANDB_API_KEY")
         if not key:
@@ -121,6 +127,8 @@ class ServerlessBackend:
         self.base_url = _api_root(base_url or DEFAULT_BASE_URL)
         self.max_retries = max_retries
         self.timeout = timeout
+        self.path = Path(path)
+        self._told_local_logs = False
         self._client: httpx.AsyncClient | None = None
         self._ids: dict[tuple[str, str], str] = {}
 
@@ -200,11 +208,19 @@ class ServerlessBackend:
             "POST", f"/preview/models/{model_id}/log", json=body, idempotent=False
         )
         if (step or metrics) and not (isinstance(answer, dict) and answer.get("step") == step):
-            raise ConfigError(
-                "metrics",
-                f"the server at {self.base_url} does not store a log's step and metrics",
-                "Log metrics with LocalBackend or `art serve`; this server keeps trajectories only",
-            )
+            # The managed service answers a log with nothing and keeps trajectories only;
+            # ART's client keeps the rest on its side, and so do we.
+            store = ModelStore(self.path, model.project, model.name)
+            if groups:
+                store.write_trajectories(split, step, groups)
+            if metrics:
+                store.append_history(step, metrics)
+            if not self._told_local_logs:
+                self._told_local_logs = True
+                print(
+                    f"art: {self.base_url} keeps trajectories only; logs and metrics are "
+                    f"also kept in {store.dir} (ServerlessBackend(path=...))"
+                )
 
     async def train(
         self,
@@ -345,7 +361,11 @@ class ServerlessBackend:
         return rows[-1] if rows else {}
 
     async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
-        """Keep the latest checkpoint and the best on `best_checkpoint_metric`; delete the rest."""
+        """Keep the latest checkpoint and the best on `best_checkpoint_metric`; delete the rest.
+
+        The metric is the server's record of each checkpoint where it keeps one, else the
+        history kept under `path`. Where neither has it yet (ART's examples call this from
+        step 0, before anything is validated) a note is printed and the latest is kept."""
         model_id = self._id(model)
         listed = await self._checkpoints(model_id)
         if not listed:
@@ -355,16 +375,14 @@ class ServerlessBackend:
             for c in listed
             if isinstance(c.get("metrics", {}).get(best_checkpoint_metric), int | float)
         }
-        if not scores:
-            known = sorted({key for c in listed for key in c.get("metrics", {})})
-            raise ConfigError(
-                "best_checkpoint_metric",
-                f"no checkpoint of {model.name!r} has {best_checkpoint_metric!r}",
-                "Log a split at each checkpoint (e.g. `await model.log(val_groups)`) or name "
-                f"a recorded metric: {', '.join(known) or 'none recorded yet'}",
-            )
         steps = sorted(int(c["step"]) for c in listed)
-        best = max(scores, key=lambda step: (scores[step], step))
+        if not scores:
+            store = ModelStore(self.path, model.project, model.name)
+            kept = store.metric_by_step(best_checkpoint_metric)
+            scores = {step: value for step, value in kept.items() if step in steps}
+        if not scores:
+            print(f'No "{best_checkpoint_metric}" metric found in history')
+        best = max(scores, key=lambda step: (scores[step], step)) if scores else steps[-1]
         doomed = [step for step in steps if step not in (steps[-1], best)]
         if doomed:
             await self._request(

@@ -295,18 +295,20 @@ class ModelStore:
         keep = {steps[-1] if steps else 0}
         if not self.history_path.exists():
             print(f'"{self.history_path}" not found')
+        elif means := self.metric_by_step(metric):
+            keep.add(max(means, key=lambda step: (means[step], step)))
         else:
-            values: dict[int, list[float]] = {}
-            for row in self.read_history():
-                value = row.get(metric)
-                if isinstance(value, int | float) and isinstance(row.get("step"), int):
-                    values.setdefault(row["step"], []).append(float(value))
-            if values:
-                means = {step: sum(v) / len(v) for step, v in values.items()}
-                keep.add(max(means, key=lambda step: (means[step], step)))
-            else:
-                print(f'No "{metric}" metric found in history')
+            print(f'No "{metric}" metric found in history')
         return self.delete_checkpoints(keep=keep)
+
+    def metric_by_step(self, metric: str) -> dict[int, float]:
+        """Each step's mean of `metric` over the history rows that have it."""
+        values: dict[int, list[float]] = {}
+        for row in self.read_history():
+            value = row.get(metric)
+            if isinstance(value, int | float) and isinstance(row.get("step"), int):
+                values.setdefault(row["step"], []).append(float(value))
+        return {step: sum(v) / len(v) for step, v in values.items()}
 
     # --- metrics history --------------------------------------------------------------------
 
