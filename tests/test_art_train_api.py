@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +21,15 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
+from helpers import assert_a_step_learned
 from openai.types.chat.chat_completion import Choice
 from serve_server import KEY, Server
 
 import art
 from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
+
+REPO = Path(__file__).resolve().parent.parent
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
@@ -352,3 +359,31 @@ async def test_serverless_backend_train_returns_a_serverless_train_result(server
     )
     assert shaped.step == 2
     await backend.close()
+
+
+@pytest.mark.parametrize("where", ["LocalBackend", "ServerlessBackend on art serve"])
+def test_the_art_style_example_trains_on_each_backend(
+    where: str, server: Server, tmp_path: Path
+) -> None:
+    """examples/art_style.py, ART 0.5.18's loop as its users write it (delete_checkpoints
+    from step 0, log, backend.train with ART's keywords, log the result), two steps."""
+    command = [sys.executable, str(REPO / "examples" / "art_style.py"), "--steps", "2"]
+    command += ["--path", str(tmp_path)]
+    if where != "LocalBackend":
+        command += ["--serverless", server.url]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"WANDB_API_KEY": KEY},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 2: loss" in result.stdout
+    # Step 0 had no metric to rank by yet: ART's note, and the run went on.
+    assert re.search(r'history\.jsonl" not found|No "val/reward" metric found', result.stdout)
+    root = tmp_path if where == "LocalBackend" else server.path
+    run = root / "art-style" / "models" / "art-style"
+    assert_a_step_learned(run)
+    # At step 1 the checkpoint of step 0 went: the latest and the best are kept.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0001", "0002"]
