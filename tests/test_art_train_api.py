@@ -387,3 +387,33 @@ def test_the_art_style_example_trains_on_each_backend(
     assert_a_step_learned(run)
     # At step 1 the checkpoint of step 0 went: the latest and the best are kept.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0001", "0002"]
+
+
+async def test_train_config_grad_accumulation_sequences_bounds_each_pass(
+    backend: LocalBackend, art_path: Path
+) -> None:
+    """ART's `TrainConfig(grad_accumulation_sequences=1)`: one sequence per forward and
+    backward pass: a micro-batch per trained sequence, where they were packed before."""
+    model = art.TrainableModel(name="accumulate", project="train-api", base_model=BASE)
+    await model.register(backend)
+    groups = await gather_groups(model)
+    await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
+    await model.train(
+        groups, config=art.TrainConfig(learning_rate=1e-5, grad_accumulation_sequences=1)
+    )
+    rows = [
+        r for r in history(art_path / "train-api" / "models" / "accumulate") if "train/loss" in r
+    ]
+    packed, one_each = (r["train/micro_batches"] for r in rows)
+    trained = rows[1]["train/sequences_trained"]  # those with a nonzero advantage
+    assert packed < trained
+    assert one_each == trained
+
+    with pytest.raises(art.ConfigError) as refused:
+        await model.train(
+            groups,
+            config=art.TrainConfig(grad_accumulation_sequences=2),
+            _config=art.dev.TrainConfig(gradient_accumulation_sequences=3),
+        )
+    assert refused.value.field == "config.grad_accumulation_sequences"
+    assert await model.get_step() == 2

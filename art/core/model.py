@@ -364,7 +364,7 @@ class TrainableModel(Model):
         """
         backend = self._registered_backend("train")
         groups = coerce_groups(trajectory_groups, "trajectory_groups")
-        dev_config = _config or dev.TrainConfig()
+        dev_config = _with_accumulation(config, _config or dev.TrainConfig())
         check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
         step = await backend.get_step(self)
         # The trajectories are stored before training starts, so a failed step loses no
@@ -444,6 +444,22 @@ class TrainableModel(Model):
             await self._record(
                 backend, [], "train_sft", step, {f"train_sft/{k}": v for k, v in row.items()}
             )
+
+
+def _with_accumulation(config: TrainConfig | None, dev_config: dev.TrainConfig) -> dev.TrainConfig:
+    """`dev_config` with ART's `TrainConfig.grad_accumulation_sequences` in it; the same
+    setting given two different values is refused."""
+    wanted = None if config is None else config.grad_accumulation_sequences
+    if wanted is None:
+        return dev_config
+    given = dev_config.gradient_accumulation_sequences
+    if given is not None and given != wanted:
+        raise ConfigError(
+            "config.grad_accumulation_sequences",
+            f"is {wanted}, and _config.gradient_accumulation_sequences is {given}",
+            "Set one of them",
+        )
+    return dev_config.model_copy(update={"gradient_accumulation_sequences": wanted})
 
 
 __all__ = ["Model", "TrainableModel"]

@@ -48,6 +48,12 @@ class TrainConfig(ConfigModel):
         "times (the micro-batch's mean log-ratio to the base model minus the token's own), "
         "so tokens that moved furthest from the base are held back. 0 turns it off.",
     )
+    grad_accumulation_sequences: int | None = Field(
+        default=None,
+        ge=1,
+        description="ART's name for `art.dev.TrainConfig.gradient_accumulation_sequences`: "
+        "most sequences in one forward/backward pass; None: as many as the memory plan fits.",
+    )
 
 
 class TrainSFTConfig(ConfigModel):
