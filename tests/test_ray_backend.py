@@ -26,6 +26,7 @@ from art.backends.local.service.placement import TrainerSpec
 from art.backends.ray import RayBackend, RayConfig
 from art.backends.ray.sticky import StickyTable
 from art.core.storage import ModelStore
+from art.pipeline_trainer import PipelineTrainer
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -224,6 +225,36 @@ async def test_the_seed_training_loop_trains_two_steps_and_both_replicas_serve_e
     assert await model.get_step() == 2
     # One metrics row per step, at the step its rollouts were sampled from.
     assert [row["step"] for row in store.read_history()][-2:] == [0, 1]
+
+
+async def test_pipeline_trainer_trains_on_ray_whose_replicas_serve_while_it_trains(
+    backend: RayBackend, backend_path: Path
+) -> None:
+    """PipelineTrainer takes RayBackend by the capability it declares, not its type: the
+    replicas go on serving while the trainer group trains."""
+    model = art.TrainableModel(name="pipelined", project="ray", base_model=BASE)
+    await model.register(backend)
+
+    async def group(model: art.TrainableModel, scenario: str, config: None) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([await rollout(model, scenario) for _ in range(3)])
+
+    trainer = PipelineTrainer(
+        model,
+        backend,
+        group,
+        ["apple", "river"],
+        None,
+        num_rollout_workers=2,
+        min_batch_size=1,
+        max_batch_size=1,
+        learning_rate=1e-3,
+    )
+    await trainer.train()
+    assert await model.get_step() >= 1
+    rows = ModelStore(str(backend_path), "ray", "pipelined").read_history()
+    trained = [row for row in rows if "train/staleness_mean" in row]
+    assert trained
+    assert max(row["train/trainable_groups"] for row in trained) > 0
 
 
 async def test_sft_runs_data_parallel_and_every_replica_serves_its_checkpoint(

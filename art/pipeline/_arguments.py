@@ -14,8 +14,8 @@ def check_backend_serves_while_training(backend: Any, model: TrainableModel) -> 
         raise ConfigError(
             "backend",
             f"is a {type(backend).__name__}, which does not say it serves while it trains; "
-            "PipelineTrainer runs on a LocalBackend in dedicated mode",
-            "Use art.local.LocalBackend with a model in dedicated mode",
+            "PipelineTrainer runs on a LocalBackend in dedicated mode or a RayBackend",
+            "Use art.local.LocalBackend with a model in dedicated mode, or RayBackend",
         )
     if not supports(model):
         raise ConfigError(

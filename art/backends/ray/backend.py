@@ -58,6 +58,11 @@ class RayBackend:
     async def get_step(self, model: Model) -> int:
         return await self._local.get_step(model)
 
+    def _supports_concurrent_training_and_inference(self, model: TrainableModel) -> bool:
+        """Always: the replicas serve while the trainer group trains, and the router never
+        pauses them (PipelineTrainer asks)."""
+        return True
+
     async def log(
         self,
         model: Model,
