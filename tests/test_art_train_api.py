@@ -417,3 +417,65 @@ async def test_train_config_grad_accumulation_sequences_bounds_each_pass(
         )
     assert refused.value.field == "config.grad_accumulation_sequences"
     assert await model.get_step() == 2
+
+
+# --- (e) each option ART's LocalBackend.train takes, against the option off --------------
+
+# Each honoured keyword with a value that changes this step: the groups were sampled one
+# step before the checkpoint they train (so the sampler's ratio is not 1 and the clipping
+# and importance-sampling knobs act), from the same checkpoint and seed as the step
+# without it.
+TIGHT = {"epsilon": 0.01, "epsilon_high": 0.01}
+OPTION_EFFECTS: list[tuple[dict[str, Any], dict[str, Any]]] = [  # (on, the step it is against)
+    ({"loss_fn": "ppo"}, {}),
+    ({"normalize_advantages": False}, {}),
+    ({"scale_rewards": False}, {}),
+    ({"kl_penalty_coef": 0.5}, {}),
+    ({"epsilon": 0.01}, {}),
+    ({"epsilon_high": 0.01}, {}),
+    ({"importance_sampling_level": "sequence"}, {}),
+    ({"importance_sampling_level": "average"}, {}),
+    ({"importance_sampling_level": "geometric_average"}, {}),
+    ({"max_negative_advantage_importance_sampling_weight": 0.5}, {}),
+    ({"kimi_k2_tau": 0.5}, {}),
+    # It masks the tokens whose ratio left the clip range: none do within CISPO's default.
+    ({"mask_prob_ratio": True, **TIGHT}, TIGHT),
+]
+# The rest of ART's keywords are refused by name (NOT_BUILT, tested above), or are
+# save_checkpoint and allow_training_without_logprobs, tested on their own.
+
+
+async def test_each_training_option_changes_the_step_it_is_given_to(
+    backend: LocalBackend, art_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    models = art_path / "train-api" / "models"
+    source = art.TrainableModel(name="effects-source", project="train-api", base_model=BASE)
+    await source.register(backend)
+    stale = await gather_groups(source)  # sampled at step 0
+    await backend.train(source, await gather_groups(source), learning_rate=1e-3)
+    count = iter(range(1000))
+
+    async def step_from_the_source(options: dict[str, Any]) -> dict[str, Any]:
+        name = f"effects-{next(count)}"
+        model = art.TrainableModel(name=name, project="train-api", base_model=BASE)
+        await model.register(backend)
+        await backend._experimental_fork_checkpoint(model, "effects-source")
+        result = await backend.train(model, stale, learning_rate=1e-3, **options)
+        assert result.step == 2
+        return load_file(models / name / "checkpoints" / "0002" / "adapter_model.safetensors")
+
+    def moved(a: dict[str, Any], b: dict[str, Any]) -> float:
+        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+    off = await step_from_the_source({})
+    assert moved(off, await step_from_the_source({})) == 0.0  # the same step, bit for bit
+    baselines = {"{}": off}
+    unchanged = []
+    for on, against in OPTION_EFFECTS:
+        if repr(against) not in baselines:
+            baselines[repr(against)] = await step_from_the_source(against)
+        if moved(baselines[repr(against)], await step_from_the_source(on)) == 0.0:
+            unchanged.append(f"{on} against {against}")
+    assert not unchanged, f"options that did not change the step: {unchanged}"
