@@ -205,6 +205,20 @@ def test_every_public_name_of_art_0_5_18_exists(module: str) -> None:
     assert missing == []
 
 
+def test_coming_from_art_says_of_each_name_whether_it_works_or_why_it_is_refused() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "coming-from-art.md").read_text()
+    wrong = []
+    for module, names in ART_NAMES.items():
+        imported = importlib.import_module(module)
+        for name in names.split():
+            doc = getattr(imported, name).__doc__ or ""
+            missing = doc.removeprefix("Not available yet: ")
+            said = f"refused: {missing}" if missing != doc else "works"
+            if f"| `{module}.{name}` | {said} |" not in page:
+                wrong.append(f"{module}.{name}: {said}")
+    assert not wrong, f"rows missing or wrong in docs/coming-from-art.md: {wrong}"
+
+
 def test_names_not_built_say_so_when_used() -> None:
     with pytest.raises(art.NotBuiltError, match="gather_trajectory_groups"):
         art.trajectory_group_batches([], batch_size=2)
