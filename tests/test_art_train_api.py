@@ -479,3 +479,36 @@ async def test_each_training_option_changes_the_step_it_is_given_to(
         if moved(baselines[repr(against)], await step_from_the_source(on)) == 0.0:
             unchanged.append(f"{on} against {against}")
     assert not unchanged, f"options that did not change the step: {unchanged}"
+
+
+async def test_a_model_forks_another_models_checkpoint_through_art_serve(
+    server: Server,
+) -> None:
+    backend = ServerlessBackend(base_url=server.url, api_key=KEY)
+    source = art.TrainableModel(name="fork-from", project="train-api", base_model=BASE)
+    await source.register(backend)
+    await backend.train(source, await gather_groups(source), learning_rate=1e-3)
+    target = art.TrainableModel(name="fork-into", project="train-api", base_model=BASE)
+    await target.register(backend)
+
+    await backend._experimental_fork_checkpoint(target, "fork-from", not_after_step=5)
+    assert await target.get_step() == 1
+    models = server.path / "train-api" / "models"
+    adapter = "checkpoints/0001/adapter_model.safetensors"
+    assert (models / "fork-into" / adapter).read_bytes() == (
+        models / "fork-from" / adapter
+    ).read_bytes()
+    # What is served now is the forked adapter: the same greedy answer as the source's.
+    assert (await probe(target, target.get_inference_name(1)))[0] == (
+        await probe(source, source.get_inference_name(1))
+    )[0]
+    result = await backend.train(target, await gather_groups(target), learning_rate=1e-3)
+    assert result.step == 2  # trained on from the forked step
+
+    with pytest.raises(art.ConfigError) as refused:
+        await backend._experimental_fork_checkpoint(target, "fork-from")
+    assert refused.value.field == "model"
+    with pytest.raises(art.ConfigError) as refused:
+        await backend._experimental_fork_checkpoint(target, "fork-from", from_s3_bucket="b")
+    assert refused.value.field == "from_s3_bucket"
+    await backend.close()

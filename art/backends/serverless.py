@@ -43,7 +43,6 @@ from ..core.errors import (
     BackendError,
     ConfigError,
     ModelNotRegisteredError,
-    NotBuiltError,
     TrainingError,
     TrajectoryValidationError,
 )
@@ -300,14 +299,36 @@ class ServerlessBackend:
         return await self._follow(str(job["id"]), verbose)
 
     async def _experimental_fork_checkpoint(
-        self, model: Model, from_model: str, **options: Any
+        self,
+        model: Model,
+        from_model: str,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        verbose: bool = False,
+        prefix: str | None = None,
     ) -> None:
-        """Not built: ART forks through W&B artifacts, which this client does not use."""
-        raise NotBuiltError(
-            "ServerlessBackend._experimental_fork_checkpoint",
-            "ART copies the checkpoint as a W&B artifact; fork on the machine that stores "
-            "the models with LocalBackend._experimental_fork_checkpoint",
+        """Start `model` from another model's checkpoint on the server (ART's experimental
+        call): its latest, or its latest at or before `not_after_step`, becomes `model`'s
+        checkpoint of the same step. `art serve` does it (`POST .../models/{id}/fork`, our
+        extension); ART's client forks W&B artifacts, which this one does not use, so
+        against the managed service it fails with the server's answer. S3 is refused."""
+        for field, value in (("from_s3_bucket", from_s3_bucket), ("prefix", prefix)):
+            if value is not None:
+                raise ConfigError(field, "forking from S3 is not built", f"Leave {field}=None")
+        model_id = self._id(model)
+        answer = await self._request(
+            "POST",
+            f"/preview/models/{model_id}/fork",
+            json={
+                "from_model": from_model,
+                "from_project": from_project,
+                "not_after_step": not_after_step,
+            },
+            idempotent=False,
         )
+        if verbose:
+            print(f"[{model.project}/{model.name}] forked {from_model} at step {answer['step']}")
 
     async def _upload(self, model_id: str, data: Path) -> str:
         """Send `data` to the server in parts of at most `_UPLOAD_PART_BYTES` (whole lines);

@@ -402,6 +402,51 @@ class ModelStore:
         )
 
 
+def fork_checkpoint(
+    target: ModelStore,
+    base_model: str,
+    source: ModelStore,
+    not_after_step: int | None = None,
+) -> Path:
+    """Copy `source`'s latest checkpoint (at or before `not_after_step`) into `target` as
+    its checkpoint of the same step; returns the directory copied. Refused: a source with
+    another base model, or a target already at that step or later (ART's experimental
+    fork; the caller holds the target's writer lock and tells its engine)."""
+    steps = source.checkpoint_steps()
+    if not steps:
+        raise FileNotFoundError(f"{source.checkpoints_dir} holds no checkpoints to fork from")
+    eligible = [s for s in steps if not_after_step is None or s <= not_after_step]
+    if not eligible:
+        raise ConfigError(
+            "not_after_step",
+            f"{source.dir.name} has no checkpoint at or before step {not_after_step}",
+            f"Pick one of its steps: {', '.join(map(str, steps))}",
+        )
+    step = eligible[-1]
+    record = source.read_model() or {}
+    if record.get("base_model") != base_model:
+        raise ConfigError(
+            "from_model",
+            f"{source.dir.name} was trained on {record.get('base_model')!r}, and {target.dir.name} "
+            f"is {base_model!r}: its adapter would not fit",
+            "Fork from a model with the same base_model",
+        )
+    if target.step() >= step:
+        raise ConfigError(
+            "model",
+            f"{target.dir.name} is at step {target.step()} already, not before the forked "
+            f"step {step}",
+            "Fork into a new model, or pick an earlier step with not_after_step",
+        )
+    source_dir = source.checkpoint_dir(step)
+
+    def copy(tmp: Path) -> None:
+        shutil.copytree(source_dir, tmp, dirs_exist_ok=True)
+
+    replace_dir_atomic(target.checkpoint_dir(step), copy)
+    return source_dir
+
+
 class WriterLock:
     """One hold on a model's writer lock (`ModelStore.hold_writer_lock`)."""
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
@@ -16,7 +14,7 @@ from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.storage import ModelStore, replace_dir_atomic
+from ...core.storage import ModelStore, fork_checkpoint
 from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
@@ -285,44 +283,14 @@ class LocalBackend:
         if not isinstance(model, TrainableModel):
             raise ConfigError("model", "is not a TrainableModel", "Fork into a trainable model")
         source = ModelStore(self.path, from_project or model.project, from_model)
-        steps = source.checkpoint_steps()
-        if not steps:
-            raise FileNotFoundError(f"{source.checkpoints_dir} holds no checkpoints to fork from")
-        eligible = [s for s in steps if not_after_step is None or s <= not_after_step]
-        if not eligible:
-            raise ConfigError(
-                "not_after_step",
-                f"{from_model} has no checkpoint at or before step {not_after_step}",
-                f"Pick one of its steps: {', '.join(map(str, steps))}",
-            )
-        step = eligible[-1]
-        record = source.read_model() or {}
-        if record.get("base_model") != model.base_model:
-            raise ConfigError(
-                "from_model",
-                f"{from_model} was trained on {record.get('base_model')!r}, and {model.name} "
-                f"is {model.base_model!r}: its adapter would not fit",
-                "Fork from a model with the same base_model",
-            )
-        store = self._store(model)
         service = self._model_service()
         async with self._lock(model):
-            if store.step() >= step:
-                raise ConfigError(
-                    "model",
-                    f"{model.name} is at step {store.step()} already, not before the forked "
-                    f"step {step}",
-                    "Fork into a new model, or pick an earlier step with not_after_step",
-                )
-            source_dir = source.checkpoint_dir(step)
-
-            def copy(target: Path) -> None:
-                shutil.copytree(source_dir, target, dirs_exist_ok=True)
-
-            await asyncio.to_thread(replace_dir_atomic, store.checkpoint_dir(step), copy)
+            source_dir = await asyncio.to_thread(
+                fork_checkpoint, self._store(model), model.base_model, source, not_after_step
+            )
             await asyncio.to_thread(service.continue_from_latest, model.project, model.name)
         if verbose:
-            print(f"[{model.project}/{model.name}] forked {source_dir} as step {step}")
+            print(f"[{model.project}/{model.name}] forked {source_dir}")
 
     async def _forget(self, model: Model, deleted: list[int]) -> None:
         if deleted and self._service is not None:  # an engine may still hold them

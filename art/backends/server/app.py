@@ -52,6 +52,7 @@ from .routing import ScopedRouter
 from .schemas import (
     NAME_PATTERN,
     DeleteCheckpoints,
+    ForkCheckpoint,
     KeyCreate,
     LogRequest,
     ModelCreate,
@@ -193,6 +194,17 @@ def build_server_app(
 
         deleted, missing = await asyncio.to_thread(delete)
         return {"deleted_count": len(deleted), "not_found_steps": missing, "deleted_steps": deleted}
+
+    @app.post("/v1/preview/models/{model_id}/fork")
+    async def fork(model_id: str, body: ForkCheckpoint) -> dict[str, Any]:
+        """ART's `_experimental_fork_checkpoint` (our extension of the API): the model
+        starts from another model's checkpoint, which it serves and trains on from."""
+        try:
+            step = await asyncio.to_thread(server.fork, model_id, body)
+        except FileNotFoundError as error:
+            raise ApiError(404, f"from_model: {error}", param="from_model") from error
+        logger.info("model %s forked from %s at step %d", model_id, body.from_model, step)
+        return {"model_id": model_id, "step": step}
 
     @app.post("/v1/preview/training-jobs")
     async def create_training_job(body: TrainingJobCreate) -> dict[str, Any]:

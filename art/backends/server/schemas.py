@@ -50,6 +50,14 @@ class DeleteCheckpoints(_Body):
     steps: list[int]
 
 
+class ForkCheckpoint(_Body):
+    """ART's `_experimental_fork_checkpoint`: start a model from another's checkpoint."""
+
+    from_model: str = Field(pattern=NAME_PATTERN)
+    from_project: str | None = Field(default=None, pattern=NAME_PATTERN)
+    not_after_step: int | None = None
+
+
 class ExperimentalTrainingConfig(_Body):
     """ART's training settings. ART's fields we cannot honour are refused when set."""
 

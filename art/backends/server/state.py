@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ...core.errors import ArtValueError, ConfigError
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import check_file, read_file, spool_examples
-from ...core.storage import ModelStore
+from ...core.storage import ModelStore, fork_checkpoint
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainSFTConfig
 from ...core.validation import check_trainable, coerce_groups
@@ -32,6 +32,7 @@ from .routing import LoadedModels
 from .schemas import (
     NAME_PATTERN,
     ExperimentalTrainingConfig,
+    ForkCheckpoint,
     ModelCreate,
     SFTConfig,
     SFTTrainingJobCreate,
@@ -158,6 +159,21 @@ class ArtServer:
         if not self.service.is_loaded(record["project"], record["name"]):
             self.service.load(record)
         self.loaded.add({"entity": DEFAULT_ENTITY, **record})
+
+    def fork(self, model_id: str, body: ForkCheckpoint) -> int:
+        """Copy another model's checkpoint in as this model's (both readable by the key);
+        returns the model's step, which the engine serves from now."""
+        store = self.store(model_id)
+        project, _, name = model_id.partition("~")
+        source = self.store(f"{body.from_project or project}~{body.from_model}", "from_model")
+        with self._guard:
+            self.refuse_if_training(model_id)
+            self.refuse_if_deleting(model_id)
+        self.ensure_loaded(store)  # refuses a model that is not trainable
+        with self.lock(model_id):
+            record = store.read_model() or {}
+            fork_checkpoint(store, record["base_model"], source, body.not_after_step)
+            return self.service.continue_from_latest(project, name)
 
     def start_job(self, body: TrainingJobCreate) -> TrainingJob:
         store = self.store(body.model_id)
