@@ -272,3 +272,77 @@ async def test_the_unsloth_trainer_without_its_environment_is_refused_naming_the
         assert not (tmp_path / ".art" / "unsloth" / "models" / "refused").exists()
     finally:
         await backend.close()
+
+
+CUSTOM_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} says\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant says\n{% endif %}"
+)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_custom_chat_template_renders_prompts_and_training(tmp_path: Path) -> None:
+    """ART's `chat_template_path` (and `chat_template`): the endpoint renders the prompt
+    with it, training tokenizes with it, and a bad setting is refused by name."""
+    template = tmp_path / "template.jinja"
+    template.write_text(CUSTOM_TEMPLATE)
+    backend = LocalBackend(path=tmp_path / ".art", in_process=True)
+    try:
+        for internal, field in [
+            (
+                art.dev.InternalModelConfig(chat_template_path=str(tmp_path / "missing.jinja")),
+                "_internal_config.chat_template_path",
+            ),
+        ]:
+            refused = art.TrainableModel(
+                name="refused", project="templates", base_model=BASE, _internal_config=internal
+            )
+            with pytest.raises(art.ConfigError) as raised:
+                await refused.register(backend)
+            assert raised.value.field == field
+        with pytest.raises(ValueError, match="give one, not both"):
+            art.dev.InternalModelConfig(chat_template="x", chat_template_path=str(template))
+
+        model = art.TrainableModel(
+            name="templated",
+            project="templates",
+            base_model=BASE,
+            _internal_config=art.dev.InternalModelConfig(chat_template_path=str(template)),
+        )
+        await model.register(backend)
+        choices = []
+        for reward in (0.0, 1.0):
+            completion = await model.openai_client().chat.completions.create(
+                model=model.get_inference_name(),
+                messages=[{"role": "user", "content": "Name a colour."}],
+                max_tokens=6,
+            )
+            choices.append((completion.choices[0], reward))
+        from transformers import AutoTokenizer
+
+        from art.backends.local import models
+
+        tokenizer = AutoTokenizer.from_pretrained(models.resolve(BASE).weights)
+        prompt = tokenizer.decode((choices[0][0].model_extra or {})["prompt_token_ids"])
+        assert (
+            prompt
+            == "<|im_start|>user says\nName a colour.<|im_end|>\n<|im_start|>assistant says\n"
+        )
+
+        group = art.TrajectoryGroup(
+            art.Trajectory(
+                messages_and_choices=[{"role": "user", "content": "Name a colour."}, choice],
+                reward=reward,
+            )
+            for choice, reward in choices
+        )
+        await model.train([group], config=art.TrainConfig(learning_rate=1e-5))
+        rows = tmp_path / ".art" / "templates" / "models" / "templated" / "history.jsonl"
+        row = json.loads(rows.read_text().splitlines()[-1])
+        assert row["train/tokens_trained"] > 0
+        # The service's copy of the template is what training tokenizes with.
+        service = backend._service  # in process: the ModelService itself
+        assert service is not None
+        assert service._models["templates/templated"].base.chat_template == CUSTOM_TEMPLATE
+    finally:
+        await backend.close()

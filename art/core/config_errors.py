@@ -114,8 +114,16 @@ ART_KEYS: dict[tuple[str, str], str] = {
     ): "adapters are served as LoRA; remove rollout_weights_mode",
     (
         "InternalModelConfig",
-        "chat_template",
-    ): "the tokenizer's chat template is used (tools rendered by ours); remove chat_template",
+        "chat_template_kwargs",
+    ): "write the values into the template given as chat_template=; remove chat_template_kwargs",
+    (
+        "InternalModelConfig",
+        "chat_template_content_format",
+    ): "a vLLM server setting; prompts are rendered here with chat_template; remove it",
+    (
+        "InternalModelConfig",
+        "chat_template_tool_schema_format",
+    ): "tools are rendered by the chat template (chat_template=); remove it",
     (
         "InternalModelConfig",
         "vllm_runtime",

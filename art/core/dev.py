@@ -177,6 +177,22 @@ class InternalModelConfig(_Config):
     inference_gpu_ids: list[int] | None = Field(
         default=None, description="GPUs for inference in dedicated mode."
     )
+    chat_template: str | None = Field(
+        default=None,
+        description="A Jinja chat template (ART's key) in place of the tokenizer's own: the "
+        "endpoint renders prompts with it and training tokenizes with it.",
+    )
+    chat_template_path: str | None = Field(
+        default=None,
+        description="A file holding such a template (ART's key), read when the model loads; "
+        "give this or chat_template.",
+    )
+
+    @model_validator(mode="after")
+    def _check_chat_template(self) -> Self:
+        if self.chat_template is not None and self.chat_template_path is not None:
+            raise ValueError("chat_template and chat_template_path: give one, not both")
+        return self
 
     @model_validator(mode="after")
     def _check_gpu_split(self) -> Self:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from ...core import dev
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -67,6 +70,13 @@ TOOL_CHATML_TEMPLATE = """
 <|im_start|>assistant
 {% endif -%}
 """
+
+
+def chat_template(config: dev.InternalModelConfig) -> str | None:
+    """The model's own chat template (ART's `chat_template` or `chat_template_path`), if any."""
+    if config.chat_template_path is not None:
+        return Path(config.chat_template_path).read_text(encoding="utf-8")
+    return config.chat_template
 
 
 def tool_template_for(tokenizer: Any) -> str | None:

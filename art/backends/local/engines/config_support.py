@@ -21,6 +21,8 @@ Per engine:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ....core import dev
 from ....core.errors import ConfigError
 from .base import EngineName
@@ -29,6 +31,12 @@ from .transformers.merged import mergeable
 
 def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
     """Raise `ConfigError` for the first setting `engine` and the trainer cannot honour."""
+    if config.chat_template_path is not None and not Path(config.chat_template_path).is_file():
+        raise ConfigError(
+            "_internal_config.chat_template_path",
+            f"{config.chat_template_path!r} is not a file",
+            "Give the path of a Jinja chat template, or the template itself as chat_template",
+        )
     if config.trainer_backend == "unsloth":
         _check_unsloth(config)
     elif config.init_args.load_in_4bit:

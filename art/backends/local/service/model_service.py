@@ -43,7 +43,7 @@ from ....core.trajectories import TrajectoryGroup
 from ....core.types import TrainConfig
 from ....core.validation import check_trainable
 from .. import models
-from ..chat_format import tool_template_for
+from ..chat_format import chat_template, tool_template_for
 from ..endpoint.response import Route, no_release
 from ..endpoint.server import build_app
 from ..engines.base import Engine
@@ -65,6 +65,8 @@ _BASE_FIELDS = (
     "trainer_backend",
     "trainer_gpu_ids",
     "inference_gpu_ids",
+    "chat_template",
+    "chat_template_path",
 )
 
 logger = logging.getLogger("art.service")
@@ -330,7 +332,7 @@ class ModelService:
             name=resolved.name,
             model=model,
             tokenizer=tokenizer,
-            chat_template=tool_template_for(tokenizer),
+            chat_template=chat_template(config) or tool_template_for(tokenizer),
             context_length=context,
             config=config,
             train_lock=threading.Lock(),
