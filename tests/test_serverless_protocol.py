@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from helpers import JsonHandler, serving, tool_trajectory
+from helpers import JsonHandler, sampled_choice, serving, tool_trajectory
 from openai import AsyncOpenAI
+from openai.types.chat.chat_completion import Choice
 from serve_server import BASE, KEY, Server
 
 import art
@@ -393,12 +394,17 @@ class _PlainTrainingApi(JsonHandler):
     """A stand-in for a server that speaks the W&B Training API without our extensions.
 
     It answers model creation with the documented fields only and a log with `null`, as
-    the managed service's API reference describes them.
+    the managed service's API reference describes them; a training job is `{id}`, and its
+    events are ART 0.5.18's client's `TrainingJobEvent`s (`id`, `type`, `data`) in a cursor
+    page, each job adding a checkpoint.
     """
 
     def do_POST(self) -> None:
         body = self.read_json()
-        if self.path.endswith("/preview/models"):
+        if self.path.endswith("/preview/training-jobs"):
+            _PlainTrainingApi.checkpoints.append(max(_PlainTrainingApi.checkpoints) + 1)
+            self.send_json({"id": f"job-{len(_PlainTrainingApi.checkpoints)}"})
+        elif self.path.endswith("/preview/models"):
             self.send_json(
                 {
                     "id": "3fa85f64-5717-4562-b3fc-2c963f66afa6",
@@ -413,8 +419,17 @@ class _PlainTrainingApi(JsonHandler):
             self._send_null()
 
     def do_GET(self) -> None:
-        """Three checkpoints, with no metrics: the service's checkpoint list."""
-        steps = [s for s in (1, 2, 3) if s not in _PlainTrainingApi.deleted]
+        """A job's events, or the checkpoints, with no metrics: the service's list."""
+        if "/preview/training-jobs/" in self.path:
+            events = [
+                ("training_started", {}),
+                ("gradient_step", {"loss": 0.25, "grad_norm": 1.5}),
+                ("training_ended", {}),
+            ]
+            data = [{"id": f"e{i}", "type": t, "data": d} for i, (t, d) in enumerate(events)]
+            self.send_json({"data": data, "has_more": False})
+            return
+        steps = [s for s in _PlainTrainingApi.checkpoints if s not in _PlainTrainingApi.deleted]
         if "order=desc" in self.path:
             steps.reverse()
         data = [{"id": f"ckpt-{s}", "step": s} for s in steps]
@@ -433,6 +448,7 @@ class _PlainTrainingApi(JsonHandler):
         self.wfile.write(payload)
 
     deleted: ClassVar[list[int]] = []
+    checkpoints: ClassVar[list[int]] = [1, 2, 3]
 
 
 async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
@@ -462,6 +478,7 @@ async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
 
         # From step 0, before any metric: ART's note, the latest kept, nothing refused.
         _PlainTrainingApi.deleted.clear()
+        _PlainTrainingApi.checkpoints[:] = [1, 2, 3]
         assert await plain.delete_checkpoints("val/score") == [1, 2]
         _PlainTrainingApi.deleted.clear()
 
@@ -480,4 +497,27 @@ async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
         assert len(run.read_trajectories("val", 3)[0].trajectories) == 2
         # The metric the server does not keep ranks the checkpoints from the kept history.
         assert await plain.delete_checkpoints("val/score") == [1]
+
+        # Training: ART's call and ours, each followed to its end through the job's events.
+        def sampled(text: str, reward: float) -> art.Trajectory:
+            choice = sampled_choice(text).model_dump() | {
+                "prompt_token_ids": [5, 6],
+                "token_ids": [7, 8],
+            }
+            return art.Trajectory(
+                messages_and_choices=[
+                    {"role": "user", "content": "Hi"},
+                    Choice.model_validate(choice),
+                ],
+                reward=reward,
+            )
+
+        group = art.TrajectoryGroup([sampled("a b", 1.0), sampled("c d", 0.0)])
+        result = await backend.train(plain, [group], learning_rate=1e-5)
+        assert (result.step, result.metrics["loss"]) == (4, 0.25)
+        assert result.artifact_name == "someone/p/agent:step4"
+        await plain.train([group])  # its row (at the step sampled from) is kept here
+        assert await plain.get_step() == 5
+        trained = [row for row in run.read_history() if "train/grad_norm" in row]
+        assert [(row["step"], row["train/loss"]) for row in trained] == [(4, 0.25)]
         await backend.close()
