@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import json
+import mmap
 import os
 import resource
 import sys
@@ -455,8 +456,12 @@ def test_a_step_starting_does_not_reset_the_peak_of_one_in_progress() -> None:
         at_start = first_peak.peak_gib()
         # Otherwise another step of this process is still measuring: a leak to find first.
         assert at_start < _status_gib("VmRSS:") + 0.05, "the first step's start did not reset"
-        block = bytearray(b"\x01") * (256 * 1024**2)  # filled, so resident
-        del block
+        # A fresh mapping, written: new resident pages. A bytearray could reuse heap memory
+        # that an earlier test freed but glibc kept resident, and RSS would not rise.
+        with mmap.mmap(-1, 256 * 1024**2) as block:
+            for _ in range(256):
+                block.write(b"\x01" * 1024**2)
+        assert first_peak.peak_gib() >= at_start + 0.24, "the block did not reach the peak"
 
         with _steps(_measuring(second_peak)) as (second,):
             assert first_peak.peak_gib() >= at_start + 0.24, "the second step reset the peak"
