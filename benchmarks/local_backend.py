@@ -51,7 +51,7 @@ import torch
 
 import art
 from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, rendering_for
 from art.backends.local.service.model_service import _stop_token_ids  # the engine's own stop rule
 from art.backends.local.trainer.peft_trainer import lora_config
 from art.core.dev import PeftArgs
@@ -319,7 +319,7 @@ def generate_peer_inputs(args: BenchArgs) -> tuple[Any, Any, list[list[int]]]:
     """The peer's model and prompts: the same weights and dtype, loaded as the service loads
     them, with the prompts rendered and tokenized exactly as the endpoint does."""
     hf_model, tokenizer = plain_transformers(args.base_model)
-    template = tool_template_for(tokenizer)
+    template = rendering_for(tokenizer)
     prompt_ids = [
         tokenizer(
             render_prompt(tokenizer, [{"role": "user", "content": p}], None, template),

@@ -160,7 +160,7 @@ def _progress(side: str, step: int, args: BenchArgs, started: float) -> None:
 
 def ours(args: BenchArgs) -> SideResult:
     """`PeftTrainer.sft_step` per batch on the model and template the service would load."""
-    from art.backends.local.chat_format import tool_template_for
+    from art.backends.local.chat_format import rendering_for
     from art.backends.local.trainer.peft_trainer import PeftTrainer, add_adapter
     from art.backends.local.trainer.tokenize import tokenize_trajectory
 
@@ -170,7 +170,7 @@ def ours(args: BenchArgs) -> SideResult:
     trainer = PeftTrainer(
         peft_model, tokenizer, init_args=art.dev.InitArgs(), trainer_args=trainer_args
     )
-    template = tool_template_for(tokenizer)
+    template = rendering_for(tokenizer)
     trajectories = _trajectories(args)
     batches = [
         trajectories[i : i + args.batch_size] for i in range(0, len(trajectories), args.batch_size)
@@ -199,7 +199,7 @@ def ours(args: BenchArgs) -> SideResult:
             tokenizer,
             group_index=0,
             trajectory_index=0,
-            chat_template=template,
+            rendering=template,
             allow_training_without_logprobs=True,
         )
     tokenize_seconds = (time.perf_counter() - tokenize_started) * args.epochs
@@ -222,7 +222,7 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from art.backends.local.chat_format import tool_template_for
+    from art.backends.local.chat_format import rendering_for
     from art.backends.local.trainer.peft_trainer import lora_config
     from art.backends.local.trainer.tokenize import tokenize_trajectory
 
@@ -249,7 +249,7 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
     # service's loader sets a one-token decode attention on a CPU, which training never uses).
     hf_model, tokenizer = models.load(models.resolve(models.DEFAULT_MODEL))
     hf_model.set_attn_implementation("sdpa")
-    template = tool_template_for(tokenizer)
+    template = rendering_for(tokenizer)
     rows = []
     for trajectory in _trajectories(args):
         [sequence] = tokenize_trajectory(
@@ -257,7 +257,7 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
             tokenizer,
             group_index=0,
             trajectory_index=0,
-            chat_template=template,
+            rendering=template,
             allow_training_without_logprobs=True,
         )
         rows.append(

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, rendering_for
 from art.backends.local.engines.base import SamplingParams
 from art.backends.local.engines.structured import Grammars
 from art.backends.local.engines.transformers.engine import TransformersEngine
@@ -133,7 +133,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  {rows:>2} rows: {median:6.2f} ms/step  {median / rows:6.3f} ms/token")
 
     messages = [{"role": "user", "content": PROMPT}]
-    text = render_prompt(tokenizer, messages, None, tool_template_for(tokenizer))
+    text = render_prompt(tokenizer, messages, None, rendering_for(tokenizer))
     prompt_ids = tokenizer(text, add_special_tokens=False).input_ids
     plain = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
     constrained = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, grammar=grammar)

@@ -317,7 +317,9 @@ def test_lean_decode_shares_the_models_weights() -> None:
 
 
 @pytest.mark.parametrize("targets", [("q_proj", "lm_head")])
-def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None:
+def test_merge_lora_and_rollout_weights_mode_refuse_what_cannot_merge(
+    targets: tuple[str, ...],
+) -> None:
     import art
     from art.backends.local.engines.config_support import check_supported
     from art.core.errors import ConfigError
@@ -332,6 +334,20 @@ def test_merge_lora_refuses_embedding_adapters(targets: tuple[str, ...]) -> None
         check_supported(
             art.dev.InternalModelConfig(engine_args=art.dev.EngineArgs(merge_lora=False)), "vllm"
         )
+    # ART's name for the same choice: refused where merge_lora is, and never against it.
+    merged = art.dev.InternalModelConfig(
+        rollout_weights_mode="merged", peft_args=art.dev.PeftArgs(target_modules=targets)
+    )
+    for engine in ("transformers", "vllm"):
+        with pytest.raises(ConfigError) as raised:
+            check_supported(merged, engine)  # type: ignore[arg-type]
+        assert raised.value.field == "_internal_config.rollout_weights_mode"
+    check_supported(art.dev.InternalModelConfig(rollout_weights_mode="lora"), "transformers")
+    opposite = art.dev.InternalModelConfig(
+        rollout_weights_mode="lora", engine_args=art.dev.EngineArgs(merge_lora=True)
+    )
+    with pytest.raises(ConfigError, match="say the opposite"):
+        check_supported(opposite, "transformers")
 
 
 def test_the_prefix_cache_is_bounded_by_entries_and_by_bytes() -> None:

@@ -343,6 +343,72 @@ async def test_a_custom_chat_template_renders_prompts_and_training(tmp_path: Pat
         # The service's copy of the template is what training tokenizes with.
         service = backend._service  # in process: the ModelService itself
         assert service is not None
-        assert service._models["templates/templated"].base.chat_template == CUSTOM_TEMPLATE
+        assert service._models["templates/templated"].base.rendering.template == CUSTOM_TEMPLATE
+    finally:
+        await backend.close()
+
+
+# Reads each message's content as a list of parts, and a variable of its own.
+PARTS_TEMPLATE = (
+    "{{ greeting }}\n{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% for part in m.content %}{{ part.text }}{% endfor %}<|im_end|>{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("mode", ["lora", "merged"])
+async def test_arts_template_keys_and_rollout_weights_mode_reach_the_endpoint(
+    tmp_path: Path, mode: str
+) -> None:
+    """`chat_template_kwargs`, `chat_template_content_format` ("auto": this template
+    reads parts) and `rollout_weights_mode` as ART's configs give them: the prompt the
+    endpoint samples from shows the first two, the engine's sampling copy the third."""
+    from transformers import AutoTokenizer
+
+    from art.backends.local import models
+
+    backend = LocalBackend(path=tmp_path / ".art", in_process=True)
+    try:
+        model = art.TrainableModel(
+            name="keyed",
+            project="templates",
+            base_model=BASE,
+            _internal_config={  # ART's spelling: a dict of its keys
+                "chat_template": PARTS_TEMPLATE,
+                "chat_template_kwargs": {"greeting": "Ahoy"},
+                "rollout_weights_mode": mode,
+            },
+        )
+        await model.register(backend)
+        tokenizer = AutoTokenizer.from_pretrained(models.resolve(BASE).weights)
+        client = model.openai_client()
+
+        async def prompt_and_answer(content: Any, **extra: Any) -> tuple[str, str | None]:
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(),
+                messages=[{"role": "user", "content": content}],
+                max_tokens=6,
+                temperature=0,
+                **extra,
+            )
+            ids = (completion.choices[0].model_extra or {})["prompt_token_ids"]
+            return tokenizer.decode(ids), completion.choices[0].message.content
+
+        expected = "Ahoy\n<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"
+        as_string, answer = await prompt_and_answer("Name a colour.")
+        assert as_string == expected  # a string content reached the template as one part
+        as_parts, again = await prompt_and_answer([{"type": "text", "text": "Name a colour."}])
+        assert (as_parts, again) == (expected, answer)
+        hailed, _ = await prompt_and_answer(
+            "Name a colour.", extra_body={"chat_template_kwargs": {"greeting": "Hi"}}
+        )
+        assert hailed == expected.replace("Ahoy", "Hi")  # the request's own kwargs win
+
+        service = backend._service
+        assert service is not None
+        engine = service._models["templates/keyed"].base.engine
+        assert engine is not None
+        assert (getattr(engine, "merged", None) is not None) == (mode == "merged")
     finally:
         await backend.close()

@@ -20,7 +20,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.chat_format import render_prompt, tool_template_for
+from art.backends.local.chat_format import render_prompt, rendering_for
 from art.backends.local.trainer import memory
 from art.backends.local.trainer.batching import MicroBatch, pack
 from art.backends.local.trainer.logprobs import output_head, sampled_logprobs
@@ -66,7 +66,7 @@ def agent_trajectory(tokenizer: Any, index: int, answer_tokens: int) -> art.Traj
     """A ReAct agent's turn as our endpoint records it: the prompts rendered with the
     tools by the served chat template, a sampled tool call, the tool's answer, then a
     final answer cut at `answer_tokens` (finish_reason "length", as with max_tokens)."""
-    template = tool_template_for(tokenizer)
+    template = rendering_for(tokenizer)
     tools = [WEATHER_TOOL]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You answer weather questions. Use the tool."},
@@ -154,7 +154,7 @@ def test_the_agent_trajectory_is_one_sequence(default_model: tuple[Any, Any]) ->
         tokenizer,
         group_index=0,
         trajectory_index=0,
-        chat_template=tool_template_for(tokenizer),
+        rendering=rendering_for(tokenizer),
     )
     assert len(sequences) == 1
     assert sum(sequences[0].trained) > 64  # the tool call and the answer
@@ -203,7 +203,7 @@ def test_packed_sequences_do_not_see_each_other(default_model: tuple[Any, Any]) 
             tokenizer,
             group_index=0,
             trajectory_index=i,
-            chat_template=tool_template_for(tokenizer),
+            rendering=rendering_for(tokenizer),
         )[0]
         for i in range(3)
     ]

@@ -110,22 +110,6 @@ ART_KEYS: dict[tuple[str, str], str] = {
     ): "the Tinker backend is not part of this version; remove tinker_args",
     (
         "InternalModelConfig",
-        "rollout_weights_mode",
-    ): "adapters are served as LoRA; remove rollout_weights_mode",
-    (
-        "InternalModelConfig",
-        "chat_template_kwargs",
-    ): "write the values into the template given as chat_template=; remove chat_template_kwargs",
-    (
-        "InternalModelConfig",
-        "chat_template_content_format",
-    ): "a vLLM server setting; prompts are rendered here with chat_template; remove it",
-    (
-        "InternalModelConfig",
-        "chat_template_tool_schema_format",
-    ): "tools are rendered by the chat template (chat_template=); remove it",
-    (
-        "InternalModelConfig",
         "vllm_runtime",
     ): "an external vLLM server is not supported; remove vllm_runtime",
     (

@@ -187,6 +187,30 @@ class InternalModelConfig(_Config):
         description="A file holding such a template (ART's key), read when the model loads; "
         "give this or chat_template.",
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra variables for the chat template (ART's key; e.g. "
+        "`{'enable_thinking': False}`), for rollout prompts and training alike; a request's "
+        "own `chat_template_kwargs` override them for that request.",
+    )
+    chat_template_content_format: Literal["auto", "string", "openai"] = Field(
+        default="auto",
+        description="How a message's content reaches the template (ART's key, vLLM's "
+        "meaning): 'string' joins its text parts with newlines, 'openai' gives a list of "
+        "parts, 'auto' picks 'openai' where the template loops over a message's content.",
+    )
+    chat_template_tool_schema_format: Literal["default", "vllm_openai"] = Field(
+        default="default",
+        description="How tool schemas reach the template (ART's key): as the request gave "
+        "them, or with their keys in the order vLLM's OpenAI server writes them.",
+    )
+    rollout_weights_mode: Literal["lora", "merged"] | None = Field(
+        default=None,
+        description="How the engine samples from a checkpoint (ART's key): 'lora' applies "
+        "the adapter to the base's weights as it decodes, 'merged' samples from a copy of "
+        "the base with the adapter merged in (the transformers engine only). None: the "
+        "engine picks (engine_args.merge_lora's rule).",
+    )
 
     @model_validator(mode="after")
     def _check_chat_template(self) -> Self:

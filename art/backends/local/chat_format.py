@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import jinja2
+import jinja2.nodes
 
 from ...core import dev
 
@@ -72,11 +76,74 @@ TOOL_CHATML_TEMPLATE = """
 """
 
 
-def chat_template(config: dev.InternalModelConfig) -> str | None:
-    """The model's own chat template (ART's `chat_template` or `chat_template_path`), if any."""
+ContentFormat = Literal["string", "openai"]
+ToolSchemaFormat = Literal["default", "vllm_openai"]
+
+
+@dataclass(frozen=True)
+class ChatRendering:
+    """How a base's conversations become prompt text: the endpoint renders rollouts with
+    it and training tokenizes with it, so a trained turn reads as the model saw it.
+
+    The fields are ART's `InternalModelConfig` keys, resolved: `template` (None: the
+    tokenizer's own), `kwargs` (`chat_template_kwargs`: extra variables the template reads,
+    e.g. `enable_thinking`), `content_format` (vLLM's `chat_template_content_format`, with
+    "auto" already resolved) and `tool_schema_format` (`chat_template_tool_schema_format`).
+    """
+
+    template: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    content_format: ContentFormat = "string"
+    tool_schema_format: ToolSchemaFormat = "default"
+
+
+def chat_rendering(config: dev.InternalModelConfig, tokenizer: Any) -> ChatRendering:
+    """The rendering `config` asks for on a base whose tokenizer is `tokenizer`."""
+    template = _configured_template(config) or tool_template_for(tokenizer)
+    content_format = config.chat_template_content_format
+    if content_format == "auto":
+        own = template if template is not None else getattr(tokenizer, "chat_template", None)
+        content_format = _detected_content_format(own)
+    return ChatRendering(
+        template=template,
+        kwargs=dict(config.chat_template_kwargs or {}),
+        content_format=content_format,
+        tool_schema_format=config.chat_template_tool_schema_format,
+    )
+
+
+def rendering_for(tokenizer: Any) -> ChatRendering:
+    """The rendering a base with the default config gets."""
+    return chat_rendering(dev.InternalModelConfig(), tokenizer)
+
+
+def _configured_template(config: dev.InternalModelConfig) -> str | None:
+    """ART's `chat_template` or `chat_template_path`, if either is given."""
     if config.chat_template_path is not None:
         return Path(config.chat_template_path).read_text(encoding="utf-8")
     return config.chat_template
+
+
+def _detected_content_format(template: str | None) -> ContentFormat:
+    """vLLM's "auto": "openai" (a list of parts) where the template loops over a message's
+    content, else "string"."""
+    if not isinstance(template, str):
+        return "string"
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"  # rendering names the error; detection need not
+    for loop in tree.find_all(jinja2.nodes.For):
+        for node in [loop.iter, *loop.iter.find_all(jinja2.nodes.Expr)]:
+            if isinstance(node, jinja2.nodes.Getattr) and node.attr == "content":
+                return "openai"
+            if (
+                isinstance(node, jinja2.nodes.Getitem)
+                and isinstance(node.arg, jinja2.nodes.Const)
+                and node.arg.value == "content"
+            ):
+                return "openai"
+    return "string"
 
 
 def tool_template_for(tokenizer: Any) -> str | None:
@@ -91,20 +158,52 @@ def render_prompt(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
-    template: str | None,
+    rendering: ChatRendering,
     *,
     add_generation_prompt: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """The prompt text for `messages`, rendered with `template` or the tokenizer's own."""
+    """The prompt text for `messages` as `rendering` renders it; `kwargs` (a request's
+    `chat_template_kwargs`) override the rendering's own."""
     rendered = tokenizer.apply_chat_template(
-        messages,
-        tools=tools or None,
-        chat_template=template,
+        [_with_content_format(message, rendering.content_format) for message in messages],
+        tools=[_tool_schema(tool, rendering.tool_schema_format) for tool in tools or []] or None,
+        chat_template=rendering.template,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
-        default_system=DEFAULT_SYSTEM_PROMPT,
+        **{"default_system": DEFAULT_SYSTEM_PROMPT, **rendering.kwargs, **(kwargs or {})},
     )
     return str(rendered)
+
+
+def _with_content_format(message: dict[str, Any], content_format: ContentFormat) -> dict[str, Any]:
+    """`message` with its content as a string of its text parts, joined by newlines as vLLM
+    joins them ("string"), or as a list of parts ("openai")."""
+    content = message.get("content")
+    if content_format == "string" and isinstance(content, list):
+        text = "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+        return {**message, "content": text}
+    if content_format == "openai" and isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content}]}
+    return message
+
+
+def _tool_schema(tool: dict[str, Any], tool_schema_format: ToolSchemaFormat) -> dict[str, Any]:
+    """`tool` as given ("default"), or with its keys in the order vLLM's OpenAI server
+    writes them ("vllm_openai": `type`, `function` first; then the function's `name`,
+    `description`, `parameters`, `strict`), which a template printing the schema shows."""
+    function = tool.get("function")
+    if tool_schema_format == "default" or not isinstance(function, dict):
+        return tool
+    keys = ("name", "description", "parameters", "strict")
+    ordered = {key: function[key] for key in keys if key in function}
+    ordered.update({key: value for key, value in function.items() if key not in keys})
+    rest = {key: value for key, value in tool.items() if key not in ("type", "function")}
+    return {"type": tool.get("type", "function"), "function": ordered, **rest}
 
 
 @dataclass(frozen=True)

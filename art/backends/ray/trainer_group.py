@@ -26,6 +26,7 @@ from ...core.errors import TrainingError
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import TrainConfig
 from ..local import models
+from ..local.chat_format import ChatRendering
 from ..local.service.placement import TrainerSpec
 
 _COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
@@ -107,14 +108,14 @@ class TrainerWorker:
         groups_json: list[str],
         config: dict[str, Any],
         dev_config: dict[str, Any],
-        chat_template: str | None,
+        rendering: ChatRendering | None,
     ) -> dict[str, float]:
         groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
         return self.trainer.step(
             groups,
             TrainConfig.model_validate(config),
             dev.TrainConfig.model_validate(dev_config),
-            chat_template,
+            rendering,
         )
 
     def sft_step(
@@ -122,14 +123,14 @@ class TrainerWorker:
         trajectories_json: list[str],
         learning_rate: float,
         dev_config: dict[str, Any],
-        chat_template: str | None,
+        rendering: ChatRendering | None,
     ) -> dict[str, float]:
         trajectories = [Trajectory.model_validate_json(text) for text in trajectories_json]
         return self.trainer.sft_step(
             trajectories,
             learning_rate,
             dev.TrainSFTConfig.model_validate(dev_config),
-            chat_template,
+            rendering,
         )
 
     def save(self, directory: str) -> None:
@@ -157,7 +158,7 @@ class TrainerGroup:
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         dev_config: dev.TrainConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         workers = self._running()
         calls = [
@@ -165,7 +166,7 @@ class TrainerGroup:
                 [group.model_dump_json() for group in groups[rank :: self.world_size]],
                 config.model_dump(mode="json"),
                 dev_config.model_dump(mode="json"),
-                chat_template,
+                rendering,
             )
             for rank, worker in enumerate(workers)
         ]
@@ -177,7 +178,7 @@ class TrainerGroup:
         trajectories: list[Trajectory],
         learning_rate: float,
         dev_config: dev.TrainSFTConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         """A supervised step, each worker on its share of the batch (as `step`)."""
         workers = self._running()
@@ -186,7 +187,7 @@ class TrainerGroup:
                 [t.model_dump_json() for t in trajectories[rank :: self.world_size]],
                 learning_rate,
                 dev_config.model_dump(mode="json"),
-                chat_template,
+                rendering,
             )
             for rank, worker in enumerate(workers)
         ]

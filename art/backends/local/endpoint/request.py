@@ -75,6 +75,9 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=0, le=0)
     response_format: dict[str, Any] | None = None
     user: str | None = None  # an end-user id for the caller's own bookkeeping
+    # vLLM's extension: variables for the chat template, over the model's own
+    # (`InternalModelConfig.chat_template_kwargs`), for this request only.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("messages")
     @classmethod

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat_format import parse_tool_calls, tool_call
+from ..chat_format import ChatRendering, parse_tool_calls, tool_call
 from ..engines.base import Engine, Sample, SamplingParams
 from .request import ChatCompletionRequest
 
@@ -39,7 +39,7 @@ class Route:
 
     engine: Engine
     tokenizer: Any
-    chat_template: str | None
+    rendering: ChatRendering
     adapter: str | None
     context_length: int
     step: int | None = None  # the checkpoint step `adapter` holds; None: the base model

@@ -195,7 +195,11 @@ async def _disconnect(request: Request) -> None:
 
 def _prepare(body: ChatCompletionRequest, route: Route) -> Job:
     tools = body.tools if body.tool_choice != "none" else None
-    if tools and route.chat_template is None and "tools" not in str(route.tokenizer.chat_template):
+    if (
+        tools
+        and route.rendering.template is None
+        and "tools" not in str(route.tokenizer.chat_template)
+    ):
         raise ApiError(400, "this model's chat template has no tool support", param="tools")
     prefill, forced = "", None
     names = [tool["function"]["name"] for tool in tools or []]
@@ -212,7 +216,9 @@ def _prepare(body: ChatCompletionRequest, route: Route) -> Job:
         # The call is written up to its arguments; the model writes those.
         prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": '
     try:
-        text = render_prompt(route.tokenizer, body.messages, tools, route.chat_template)
+        text = render_prompt(
+            route.tokenizer, body.messages, tools, route.rendering, kwargs=body.chat_template_kwargs
+        )
     except Exception as error:  # a template that cannot render these messages
         raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error
     prompt_ids: list[int] = route.tokenizer(text + prefill, add_special_tokens=False).input_ids

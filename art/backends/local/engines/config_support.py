@@ -7,8 +7,9 @@ Per engine:
 - `engine_args.max_num_seqs`, `max_model_len`: both engines.
 - `engine_args.gpu_memory_utilization`: vLLM only (on CPU, vLLM's share of RAM).
 - `engine_args.enforce_eager`: vLLM only (no CUDA graphs).
-- `engine_args.merge_lora`: the transformers engine only, and not with adapters on the
-  embeddings or LM head.
+- `engine_args.merge_lora`, and ART's `rollout_weights_mode` which says the same
+  ('merged' / 'lora'): the transformers engine only, and not with adapters on the
+  embeddings or LM head; vLLM samples with LoRA ('lora' is its only mode).
 - `trainer_backend='unsloth'`: where its environment is found (`make venv-unsloth`), in
   shared mode; `init_args.load_in_4bit` with it only (bitsandbytes, CPU included).
 - `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): training and inference run
@@ -29,6 +30,24 @@ from .base import EngineName
 from .transformers.merged import mergeable
 
 
+def merge_lora(config: dev.InternalModelConfig) -> bool | None:
+    """Whether the transformers engine samples from a merged copy: `engine_args.merge_lora`
+    or ART's `rollout_weights_mode` ('merged' / 'lora'); None: the engine decides."""
+    if config.rollout_weights_mode is not None:
+        return config.rollout_weights_mode == "merged"
+    return config.engine_args.merge_lora
+
+
+def _check_rollout_weights_mode(config: dev.InternalModelConfig) -> None:
+    mode, merge = config.rollout_weights_mode, config.engine_args.merge_lora
+    if mode is not None and merge is not None and (mode == "merged") != merge:
+        raise ConfigError(
+            "_internal_config.rollout_weights_mode",
+            f"is {mode!r} while engine_args.merge_lora is {merge}: they say the opposite",
+            "Set one of them (rollout_weights_mode is ART's name for the same choice)",
+        )
+
+
 def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
     """Raise `ConfigError` for the first setting `engine` and the trainer cannot honour."""
     if config.chat_template_path is not None and not Path(config.chat_template_path).is_file():
@@ -37,6 +56,7 @@ def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None
             f"{config.chat_template_path!r} is not a file",
             "Give the path of a Jinja chat template, or the template itself as chat_template",
         )
+    _check_rollout_weights_mode(config)
     if config.trainer_backend == "unsloth":
         _check_unsloth(config)
     elif config.init_args.load_in_4bit:
@@ -55,14 +75,24 @@ def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None
                 "with its own kernels",
                 "Remove merge_lora, or set engine='transformers'",
             )
+        if config.rollout_weights_mode == "merged":
+            raise ConfigError(
+                "_internal_config.rollout_weights_mode",
+                "is 'merged', but the vLLM engine here loads each checkpoint as a LoRA "
+                "adapter; pushing merged weights into vLLM is not built",
+                "Use rollout_weights_mode='lora' (or leave it unset), or set "
+                "engine='transformers', whose 'merged' mode samples from a merged copy",
+            )
         _check_vllm(config)
         return
-    if config.engine_args.merge_lora and not mergeable(config.peft_args.target_modules):
+    if merge_lora(config) and not mergeable(config.peft_args.target_modules):
         raise ConfigError(
-            "_internal_config.engine_args.merge_lora",
+            "_internal_config.rollout_weights_mode"
+            if config.engine_args.merge_lora is None
+            else "_internal_config.engine_args.merge_lora",
             "cannot merge adapters on the embeddings or LM head (peft_args.target_modules "
             f"{list(config.peft_args.target_modules)}) into the sampling copy",
-            "Leave merge_lora unset, or target only the decoder's projections",
+            "Leave it unset, or target only the decoder's projections",
         )
     no_vllm = "needs engine='vllm'; the transformers engine serves this model"
     if config.engine_args.gpu_memory_utilization is not None:

@@ -43,7 +43,7 @@ from ....core.trajectories import TrajectoryGroup
 from ....core.types import TrainConfig
 from ....core.validation import check_trainable
 from .. import models
-from ..chat_format import chat_template, tool_template_for
+from ..chat_format import chat_rendering
 from ..endpoint.response import Route, no_release
 from ..endpoint.server import build_app
 from ..engines.base import Engine
@@ -67,6 +67,10 @@ _BASE_FIELDS = (
     "inference_gpu_ids",
     "chat_template",
     "chat_template_path",
+    "chat_template_kwargs",
+    "chat_template_content_format",
+    "chat_template_tool_schema_format",
+    "rollout_weights_mode",
 )
 
 logger = logging.getLogger("art.service")
@@ -332,7 +336,7 @@ class ModelService:
             name=resolved.name,
             model=model,
             tokenizer=tokenizer,
-            chat_template=chat_template(config) or tool_template_for(tokenizer),
+            rendering=chat_rendering(config, tokenizer),
             context_length=context,
             config=config,
             train_lock=threading.Lock(),
@@ -523,7 +527,7 @@ class ModelService:
         return Route(
             base.engine,
             base.tokenizer,
-            base.chat_template,
+            base.rendering,
             adapter,
             base.context_length,
             step,

@@ -18,6 +18,7 @@ from typing import Protocol
 from ....core import dev
 from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
+from ..chat_format import ChatRendering
 from ..engines.base import Engine
 from ..engines.start import EngineSpec
 from ..models import ResolvedModel
@@ -31,7 +32,7 @@ class Trainer(Protocol):
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         dev_config: dev.TrainConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]: ...
 
     def sft_step(
@@ -39,7 +40,7 @@ class Trainer(Protocol):
         trajectories: list[Trajectory],
         learning_rate: float,
         dev_config: dev.TrainSFTConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         """One supervised optimizer step on the assistant turns of `trajectories`."""
         ...

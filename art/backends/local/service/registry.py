@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ....core import dev
 from ....core.storage import ModelStore, WriterLock
+from ..chat_format import ChatRendering
 from ..engines.base import Engine
 from ..torch_thread import TorchThread
 from .checkpoints import CheckpointCache
@@ -33,7 +34,7 @@ class LoadedBase:
     name: str  # as the user named it; the endpoint serves the base under it
     model: Any  # the training model: a PeftModel once the first adapter exists
     tokenizer: Any
-    chat_template: str | None
+    rendering: ChatRendering
     context_length: int
     config: dev.InternalModelConfig  # the config it was loaded with (engine, mode, dtype)
     train_lock: threading.Lock

@@ -60,7 +60,7 @@ def train_sft(
         try:
             for k, batch in enumerate(_batches(read_spool(spool), batch_size)):
                 started = time.monotonic()
-                metrics = trained.trainer.sft_step(batch, rates[k], dev_config, base.chat_template)
+                metrics = trained.trainer.sft_step(batch, rates[k], dev_config, base.rendering)
                 rows.append(
                     {
                         "loss": metrics["loss"],
@@ -107,7 +107,7 @@ def check_examples(trained: TrainedModel, spool: Path) -> int:
                 base.tokenizer,
                 group_index=0,
                 trajectory_index=0,
-                chat_template=base.chat_template,
+                rendering=base.rendering,
                 allow_training_without_logprobs=True,
             )
         except TrainingError as error:

@@ -36,9 +36,7 @@ def train_step(
 
     def step() -> tuple[dict[str, float], int]:
         base.model.set_adapter(trained.adapter)
-        metrics: dict[str, float] = trained.trainer.step(
-            groups, config, objective, base.chat_template
-        )
+        metrics: dict[str, float] = trained.trainer.step(groups, config, objective, base.rendering)
         new_step = trained.store.step() + 1
         replace_dir_atomic(trained.store.checkpoint_dir(new_step), trained.save)
         return metrics, new_step

@@ -30,6 +30,7 @@ from ....core import dev
 from ....core.errors import ConfigError, TrainingError
 from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
+from ..chat_format import ChatRendering
 from .advantages import group_advantages
 from .batching import PACKED_ROW_TOKENS, MicroBatch, pack
 from .logprobs import output_head, sampled_logprobs
@@ -243,14 +244,14 @@ class PeftTrainer:
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         dev_config: dev.TrainConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         """Train on `groups` with one GRPO optimizer step; return the step's metrics.
 
         The step is planned before anything runs: a sequence that cannot fit the memory
         budget even alone raises `TrainingError` with the adapter untouched.
         """
-        sequences, advantages = self._sequences(groups, dev_config, chat_template)
+        sequences, advantages = self._sequences(groups, dev_config, rendering)
         loss_config = LossConfig.from_configs(config, dev_config)
         names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
         if loss_config.beta > 0:
@@ -294,7 +295,7 @@ class PeftTrainer:
         trajectories: list[Trajectory],
         learning_rate: float,
         dev_config: dev.TrainSFTConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         """One supervised optimizer step on the assistant turns of `trajectories`.
 
@@ -309,7 +310,7 @@ class PeftTrainer:
                 self.tokenizer,
                 group_index=i,
                 trajectory_index=0,
-                chat_template=chat_template,
+                rendering=rendering,
                 allow_training_without_logprobs=True,
             )
         weights = {(sequence.group_index, 0): 1.0 for sequence in sequences}
@@ -488,7 +489,10 @@ class PeftTrainer:
         """Nothing to free: the model and optimizer go with the service's references."""
 
     def _sequences(
-        self, groups: list[TrajectoryGroup], dev_config: dev.TrainConfig, chat_template: str | None
+        self,
+        groups: list[TrajectoryGroup],
+        dev_config: dev.TrainConfig,
+        rendering: ChatRendering | None,
     ) -> tuple[list[TrainingSequence], dict[tuple[int, int], float]]:
         sequences: list[TrainingSequence] = []
         advantages: dict[tuple[int, int], float] = {}
@@ -506,7 +510,7 @@ class PeftTrainer:
                     self.tokenizer,
                     group_index=i,
                     trajectory_index=j,
-                    chat_template=chat_template,
+                    rendering=rendering,
                     allow_training_without_logprobs=dev_config.allow_training_without_logprobs,
                 )
         return sequences, advantages

@@ -26,7 +26,7 @@ from openai.types.chat.chat_completion import Choice
 from ....core.errors import TrainingError
 from ....core.trajectories import Trajectory, messages_of
 from ....core.types import MessageOrChoice, Messages, Tool
-from ..chat_format import render_prompt
+from ..chat_format import ChatRendering, render_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -76,7 +76,7 @@ def tokenize_trajectory(
     *,
     group_index: int,
     trajectory_index: int,
-    chat_template: str | None = None,
+    rendering: ChatRendering | None = None,
     allow_training_without_logprobs: bool = False,
 ) -> list[TrainingSequence]:
     """The training sequences of a trajectory and of each of its additional histories.
@@ -92,7 +92,7 @@ def tokenize_trajectory(
     for where, items, tools in conversations:
         context = f"group {group_index}, trajectory {trajectory_index}, {where}"
         for draft in _tokenize_conversation(
-            items, tools, tokenizer, chat_template, allow_training_without_logprobs, context
+            items, tools, tokenizer, rendering, allow_training_without_logprobs, context
         ):
             sequences.append(
                 TrainingSequence(
@@ -129,7 +129,7 @@ def _tokenize_conversation(
     items: Sequence[MessageOrChoice],
     tools: list[Tool] | None,
     tokenizer: PreTrainedTokenizerBase,
-    chat_template: str | None,
+    rendering: ChatRendering | None,
     allow_without_ids: bool,
     context: str,
 ) -> list[_Draft]:
@@ -147,7 +147,7 @@ def _tokenize_conversation(
                     f"so it cannot be trained exactly. {_FIX}"
                 )
         if turn is None and allow_without_ids and messages[k]["role"] == "assistant":
-            turn = _rendered_turn(messages, k, tools, tokenizer, chat_template, where)
+            turn = _rendered_turn(messages, k, tools, tokenizer, rendering, where)
         if turn is None:
             continue  # context: it is inside the prompt of the next trained turn
         if current is None or turn.prompt_ids[: len(current.token_ids)] != current.token_ids:
@@ -197,11 +197,11 @@ def _rendered_turn(
     k: int,
     tools: list[Tool] | None,
     tokenizer: PreTrainedTokenizerBase,
-    chat_template: str | None,
+    rendering: ChatRendering | None,
     where: str,
 ) -> _Turn:
-    prompt = _render(messages[:k], tools, tokenizer, chat_template, add_generation_prompt=True)
-    full = _render(messages[: k + 1], tools, tokenizer, chat_template, add_generation_prompt=False)
+    prompt = _render(messages[:k], tools, tokenizer, rendering, add_generation_prompt=True)
+    full = _render(messages[: k + 1], tools, tokenizer, rendering, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise TrainingError(
             f"{where}: the chat template does not render this assistant turn as a "
@@ -224,7 +224,7 @@ def _render(
     messages: Messages,
     tools: list[Tool] | None,
     tokenizer: PreTrainedTokenizerBase,
-    chat_template: str | None,
+    rendering: ChatRendering | None,
     *,
     add_generation_prompt: bool,
 ) -> str:
@@ -233,7 +233,7 @@ def _render(
         tokenizer,
         [dict(message) for message in messages],
         [dict(tool) for tool in tools] if tools else None,
-        chat_template,
+        rendering or ChatRendering(),
         add_generation_prompt=add_generation_prompt,
     )
 

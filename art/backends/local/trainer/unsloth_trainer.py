@@ -37,6 +37,7 @@ from ....core import dev
 from ....core.errors import ConfigError, TrainingError
 from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
+from ..chat_format import ChatRendering
 
 _PACKAGE = Path(__file__).resolve().parents[3]  # the `art` package: art/backends/local/trainer/
 _REPO = _PACKAGE.parent
@@ -119,7 +120,7 @@ class UnslothTrainer:
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         dev_config: dev.TrainConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         metrics: dict[str, float] = self._call(
             "step",
@@ -127,7 +128,7 @@ class UnslothTrainer:
             groups=[group.model_dump_json() for group in groups],
             config=config.model_dump(mode="json"),
             dev_config=dev_config.model_dump(mode="json"),
-            chat_template=chat_template,
+            rendering=rendering,
         )
         return metrics
 
@@ -136,7 +137,7 @@ class UnslothTrainer:
         trajectories: list[Trajectory],
         learning_rate: float,
         dev_config: dev.TrainSFTConfig,
-        chat_template: str | None = None,
+        rendering: ChatRendering | None = None,
     ) -> dict[str, float]:
         metrics: dict[str, float] = self._call(
             "sft_step",
@@ -144,7 +145,7 @@ class UnslothTrainer:
             trajectories=[trajectory.model_dump_json() for trajectory in trajectories],
             learning_rate=learning_rate,
             dev_config=dev_config.model_dump(mode="json"),
-            chat_template=chat_template,
+            rendering=rendering,
         )
         return metrics
 

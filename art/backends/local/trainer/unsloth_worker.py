@@ -124,14 +124,14 @@ def handle(trainer: Any, method: str, kwargs: dict[str, Any]) -> Any:
             [TrajectoryGroup.model_validate_json(text) for text in kwargs["groups"]],
             TrainConfig.model_validate(kwargs["config"]),
             dev.TrainConfig.model_validate(kwargs["dev_config"]),
-            kwargs["chat_template"],
+            kwargs["rendering"],
         )
     if method == "sft_step":
         return trainer.sft_step(
             [Trajectory.model_validate_json(text) for text in kwargs["trajectories"]],
             kwargs["learning_rate"],
             dev.TrainSFTConfig.model_validate(kwargs["dev_config"]),
-            kwargs["chat_template"],
+            kwargs["rendering"],
         )
     if method == "save":
         trainer.save(Path(kwargs["directory"]))

@@ -390,12 +390,13 @@ def start_transformers_engine(
 
 
 def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
-    """A plain copy to sample `served`'s adapters from (`EngineArgs.merge_lora`), or None."""
+    """A plain copy to sample `served`'s adapters from (`merge_lora(config)`), or None."""
     from ...trainer.memory import budget
+    from ..config_support import merge_lora
 
     config = spec.config
     device = next(served.parameters()).device
-    wanted = config.engine_args.merge_lora
+    wanted = merge_lora(config)
     if wanted is None:
         size = _bytes(served)
         free = budget(device, None).available
