@@ -17,7 +17,9 @@ Three stages run at once on one event loop:
 With `max_steps_off_policy=k` a worker waits to start a rollout while the policy is more
 than `k` steps behind the step being trained, so `k=0` is the synchronous loop with
 prefetching. Each step's `train/` history row adds `staleness_mean`, `staleness_max`,
-`groups_dropped_stale` and `groups_dropped_no_variance`.
+`groups_dropped_stale` and `groups_dropped_no_variance`. While it runs, the trainer
+tells a `StatusReporter` (`art.pipeline.status`) what happens through ART's `note_*`
+methods, and the reporter shows the counts as a bar and a status line.
 
 Only a backend that serves while it trains runs this (ART's rule): LocalBackend in
 dedicated mode. A shared LocalBackend pauses inference during every step, which would
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, cast
@@ -40,11 +43,11 @@ from ..core.storage import ModelStore
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import TrainConfig
 from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported
-from ._progress import Progress
 from ._staleness import has_no_variance, is_stale, staleness_metrics, stamp_versions
 from ._state import STATE_FILE, PipelineState
 from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 from .retention import CheckpointRetentionContext, CheckpointRetentionStrategy, eligible_checkpoints
+from .status import StatusReporter
 
 logger = logging.getLogger("art.pipeline")
 
@@ -192,14 +195,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.resume = resume
         self._scenarios = _async_iterator(scenarios)
         self._scenario_lock = asyncio.Lock()
-        self._progress = Progress(
-            log_interval_seconds=log_interval_seconds,
-            ewa_alpha=status_ewa_alpha,
-            total_scenarios=total_scenarios,
-            steps_total=max_steps,
-            initial_step=0,
-        )
         self._state = PipelineState()
+        self._status = StatusReporter(
+            get_scenario_offset=lambda: self._state.scenario_offset,
+            log_interval_seconds=log_interval_seconds,
+            status_ewa_alpha=status_ewa_alpha,
+            total_scenarios=total_scenarios,
+            num_workers=num_rollout_workers,
+            total_steps=max_steps,
+        )
         self._stop = asyncio.Event()
         self._policy_changed = asyncio.Condition()
         self._policy_step = 0
@@ -230,9 +234,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
         self._stop = asyncio.Event()
         stop_at = None if self.max_steps is None else start_step + self.max_steps
-        self._progress.initial_step = start_step
-        self._progress.scenarios = self._state.scenario_offset
-        self._progress.start()
+        self._status.start(initial_step=start_step)
         removers = self._install_signal_handlers() if handle_signals else []
         self._failure = None
         workers = [
@@ -260,7 +262,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             finally:
                 for remove in removers:
                     remove()
-                self._progress.close()
+                self._status.flush()
+                self._status.close()
 
     @property
     def groups_dropped_stale(self) -> int:
@@ -284,14 +287,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     async def _training_stage(self, stop_at: int | None) -> None:
         while not self._stop.is_set() and (stop_at is None or self._policy_step < stop_at):
+            step_started = time.monotonic()  # a step's seconds include collecting its batch
             batch, dropped_stale, dropped_no_variance, ended = await self._collect_batch()
             if batch:
-                await self._train_step(batch, dropped_stale, dropped_no_variance)
+                await self._train_step(batch, dropped_stale, dropped_no_variance, step_started)
             if ended or not batch:
                 return
 
     async def _train_step(
-        self, batch: list[TrajectoryGroup], dropped_stale: int, dropped_no_variance: int
+        self,
+        batch: list[TrajectoryGroup],
+        dropped_stale: int,
+        dropped_no_variance: int,
+        step_started: float,
     ) -> None:
         train_step = self._policy_step
         staleness = staleness_metrics(batch, train_step)
@@ -300,21 +308,24 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "groups_dropped_stale": float(dropped_stale),
             "groups_dropped_no_variance": float(dropped_no_variance),
             "queue_depth": float(self._queue.qsize() if self._queue else 0),
-            "rollouts_in_flight": float(self._progress.in_flight),
+            "rollouts_in_flight": float(self._status.snapshot().rollouts_in_flight),
         }
         self._training = True
+        self._status.note_training_start(len(batch))
         try:
             await self.model._train_step(batch, self.train_config, self.dev_config, False, extra)
         finally:
             self._training = False
+            self._status.note_training_end()
         new_step = await self.model.get_step()
         self._policy_step = new_step
         await self._notify_policy()
         self._state.training_step = new_step
         self._state.groups_trained += len(batch)
         self._save_state()
-        rewards = [t.reward for group in batch for t in group.trajectories]
-        self._progress.trained(new_step, sum(rewards) / max(len(rewards), 1), staleness)
+        self._status.note_training_batch(
+            batch, step=new_step, step_seconds=time.monotonic() - step_started
+        )
         if self.eval_every_n_steps and new_step % self.eval_every_n_steps == 0:
             self._schedule_eval(new_step)
         if self.retention is not None and new_step % self.retention_interval == 0:
@@ -364,13 +375,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 break
             else:
                 item = self._queue.get_nowait()
-            self._progress.queue_depth = self._queue.qsize()
             await self._notify_policy()  # room for a new rollout, perhaps
             if item is _STOPPED:  # a partial batch is not trained after a stop
                 return [], stale, no_variance, True
             if item is _END:  # the scenarios ran out: what is left still trains
                 return batch, stale, no_variance, True
             group = cast(TrajectoryGroup, item)
+            self._status.note_group_dequeued(group)
             if not group.trajectories and group.exceptions:
                 first = group.exceptions[0]
                 raise RolloutError(
@@ -380,17 +391,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             if is_stale(group, self._policy_step, self.max_steps_off_policy):
                 stale += 1
                 self._state.groups_dropped_stale += 1
-                self._progress.dropped_stale += 1
+                self._status.note_stale(1)
             elif has_no_variance(group):
                 no_variance += 1
                 self._state.groups_dropped_no_variance += 1
-                self._progress.dropped_no_variance += 1
+                self._status.note_zero_variance_discarded(1)
                 if no_variance >= self.discard_limit:
                     self._collapse(no_variance)
                     return [], stale, no_variance, True
             else:
                 batch.append(group)
-            self._progress.refresh()
         return batch, stale, no_variance, False
 
     def _collapse(self, count: int) -> None:
@@ -428,16 +438,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             if self._stop.is_set():
                 return
             started = self._policy_step
-            self._progress.in_flight += 1
-            self._progress.refresh()
+            self._status.note_rollout_started()
+            errored = False
             try:
                 group = await self.rollout_fn(self.model, cast(ScenarioT, scenario), self.config)
             except Exception as error:  # a bad rollout is data, not the end of the run
+                errored = True
                 logger.warning("rollout failed: %s: %s", type(error).__name__, error)
                 print(f"[pipeline] rollout failed ({type(error).__name__}): {error}")
                 continue
             finally:
-                self._progress.in_flight -= 1
+                self._status.note_rollout_finished(errored=errored)
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError(
                     "rollout_fn",
@@ -452,7 +463,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 await self._queue.put(group)
             finally:
                 self._unqueued -= 1
-            self._progress.queue_depth = self._queue.qsize()
+            self._status.note_group_enqueued(group)
 
     async def _wait_for_policy(self) -> None:
         """Hold a new rollout while it could not be trained within the staleness bound.
@@ -492,7 +503,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             except StopAsyncIteration:
                 return _END
             self._state.scenario_offset += 1
-            self._progress.scenarios = self._state.scenario_offset
             return scenario
 
     async def _skip_scenarios(self, count: int) -> None:
@@ -522,19 +532,27 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         assert self.eval_fn is not None
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)  # one eval at a time
+        self._status.note_val_started(step)
+        reward: float | None = None  # the mean `val` reward, for the status line
         try:
-            result = await self.eval_fn(self.model, step, self.config)
-        except Exception as error:  # training goes on; the failure is shown, as in ART
-            logger.warning("eval at step %d failed: %s: %s", step, type(error).__name__, error)
-            print(f"[pipeline] eval at step {step} failed ({type(error).__name__}): {error}")
-            return
-        splits = result if isinstance(result, Mapping) else {"val": result}
-        for split, items in splits.items():
-            groups = _as_groups(items)
-            if groups:
-                await self.model.log(groups, split=split, step=step)
-        self._state.completed_eval_steps.append(step)
-        self._save_state()
+            try:
+                result = await self.eval_fn(self.model, step, self.config)
+            except Exception as error:  # training goes on; the failure is shown, as in ART
+                logger.warning("eval at step %d failed: %s: %s", step, type(error).__name__, error)
+                print(f"[pipeline] eval at step {step} failed ({type(error).__name__}): {error}")
+                return
+            splits = result if isinstance(result, Mapping) else {"val": result}
+            for split, items in splits.items():
+                groups = _as_groups(items)
+                if split == "val":
+                    rewards = [t.reward for group in groups for t in group.trajectories]
+                    reward = sum(rewards) / len(rewards) if rewards else None
+                if groups:
+                    await self.model.log(groups, split=split, step=step)
+            self._state.completed_eval_steps.append(step)
+            self._save_state()
+        finally:
+            self._status.note_val_finished(step, reward)
 
     def _state_path(self) -> Path | None:
         path = getattr(self.backend, "path", None)  # a backend that stores on this machine
@@ -548,11 +566,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._state.write(path)
 
     async def _tick(self) -> None:
-        """Keep the status line coming while nothing else happens."""
+        """Print the status line every `log_interval_seconds`."""
         while True:
-            await asyncio.sleep(min(1.0, self._progress.log_interval_seconds))
-            self._progress.queue_depth = self._queue.qsize() if self._queue else 0
-            self._progress.refresh()
+            self._status.log_if_due()
+            await asyncio.sleep(min(1.0, self._status.log_interval_seconds))
 
     def _install_signal_handlers(self) -> list[Any]:
         loop = asyncio.get_running_loop()

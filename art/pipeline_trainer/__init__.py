@@ -1,6 +1,5 @@
 """ART's import path of the pipeline trainer; the implementation is `art.pipeline`."""
 
-from ..core.not_built import not_built_class
 from ..pipeline import (
     ConfigT,
     EvalFn,
@@ -8,6 +7,7 @@ from ..pipeline import (
     RolloutFn,
     ScenarioT,
     SingleRolloutFn,
+    StatusReporter,
     make_group_rollout_fn,
 )
 from ..pipeline.retention import (
@@ -18,12 +18,6 @@ from ..pipeline.retention import (
     CheckpointRetentionContext,
     CheckpointRetentionStrategy,
     keep_recent_and_top,
-)
-
-StatusReporter = not_built_class(
-    "art.pipeline_trainer.StatusReporter",
-    "PipelineTrainer reports its own progress (a bar, and per-step history rows: "
-    "staleness, queue depth, dropped groups); a reporter of your own is not supported",
 )
 
 __all__ = [
