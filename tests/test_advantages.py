@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from art.backends.local.trainer.advantages import group_advantages
+from art.backends.local.trainer.advantages import balanced, group_advantages
 
 
 def test_unscaled_advantages_are_rewards_minus_the_group_mean() -> None:
@@ -28,3 +28,10 @@ def test_a_group_without_reward_variance_gets_exact_zeros() -> None:
         assert group_advantages([0.1, 0.1, 0.1], scale=scale) == [0.0, 0.0, 0.0]
         assert group_advantages([5.0], scale=scale) == [0.0]
         assert group_advantages([], scale=scale) == []
+
+
+def test_advantage_balance_scales_one_sign_as_arts_does() -> None:
+    assert [balanced(a, 0.25) for a in (-2.0, 2.0)] == [-1.5, 2.0]
+    assert [balanced(a, -0.25) for a in (-2.0, 2.0)] == [-2.0, 1.5]
+    assert [balanced(a, 1.0) for a in (-2.0, 2.0)] == [0.0, 2.0]  # only rewarded ones train
+    assert [balanced(a, 0.0) for a in (-2.0, 2.0)] == [-2.0, 2.0]

@@ -169,14 +169,10 @@ REFUSED: list[tuple[str, Any]] = [
     ("adam_params", {"beta1": 0.8}),
     ("kl_penalty_reference_step", 0),
     ("kl_ref_adapter_path", "/tmp/adapter"),
-    ("advantage_balance", 0.5),
-    ("precalculate_logprobs", True),
     ("plot_tensors", True),
-    ("truncated_importance_sampling", 2.0),
     ("scale_learning_rate_by_reward_std_dev", True),
     ("logprob_calculation_chunk_size", 512),
     ("packed_sequence_length", 2048),
-    ("num_trajectories_learning_rate_multiplier_power", 0.5),
 ]
 
 
@@ -216,8 +212,8 @@ async def test_a_not_built_refusal_says_what_the_knob_does_in_art(
 ) -> None:
     model, groups = untrained
     with pytest.raises(art.ConfigError, match="not built in this version: in ART it") as error:
-        await backend.train(model, groups, kl_penalty_reference_step=0)
-    assert "kl_penalty_coef=" in error.value.fix
+        await backend.train(model, groups, packed_sequence_length=2048)
+    assert "gradient_accumulation_sequences" in error.value.fix
     # ART's defaults, given explicitly, are accepted rather than refused.
     with pytest.raises(art.TrajectoryValidationError):  # (only the groups are wrong here)
         await backend.train(
@@ -345,13 +341,10 @@ async def test_serverless_backend_train_returns_a_serverless_train_result(server
     assert result.artifact_name == "local/train-api/remote:step1"
     assert math.isfinite(result.metrics["loss"])
 
-    # ART's knobs art serve's trainer has not built: refused by the server, by keyword.
-    with pytest.raises(art.ConfigError, match="not built in this version") as refused:
-        await backend.train(model, groups, advantage_balance=0.5)
-    assert refused.value.field == "advantage_balance"
+    # A bad value is refused by the server, by keyword, before a step starts.
     with pytest.raises(art.ConfigError) as refused:
-        await backend.train(model, groups, precalculate_logprobs=True)
-    assert refused.value.field == "precalculate_logprobs"
+        await backend.train(model, groups, advantage_balance=1.5)
+    assert refused.value.field == "advantage_balance"
     assert await model.get_step() == 1
     # ART's shapings art serve's trainer has: sent, and honoured there.
     shaped = await backend.train(
@@ -438,11 +431,30 @@ OPTION_EFFECTS: list[tuple[dict[str, Any], dict[str, Any]]] = [  # (on, the step
     ({"importance_sampling_level": "geometric_average"}, {}),
     ({"max_negative_advantage_importance_sampling_weight": 0.5}, {}),
     ({"kimi_k2_tau": 0.5}, {}),
+    ({"advantage_balance": 0.5}, {}),  # the worse half of each group pushed down less
+    ({"advantage_balance": -0.5}, {}),
+    ({"precalculate_logprobs": True}, {}),  # the ratio against the trainer's own: 1
+    ({"truncated_importance_sampling": 0.5}, {}),
+    (  # with the ratio taken against the trainer's own, the weight is trainer/sampler
+        {"truncated_importance_sampling": 0.5, "precalculate_logprobs": True},
+        {"precalculate_logprobs": True},
+    ),
+    ({"num_trajectories_learning_rate_multiplier_power": 0.5}, {}),
+    # The forked model's checkpoint 1 is the policy it trains from: the penalty vanishes.
+    ({"kl_penalty_coef": 0.5, "kl_penalty_reference_step": 1}, {"kl_penalty_coef": 0.5}),
+]
+OPTION_EFFECTS += [  # the same reference, given as a directory (the source's step 1)
+    (
+        {"kl_penalty_coef": 0.5, "kl_ref_adapter_path": "<effects-source step 1>"},
+        {"kl_penalty_coef": 0.5},
+    ),
     # It masks the tokens whose ratio left the clip range: none do within CISPO's default.
     ({"mask_prob_ratio": True, **TIGHT}, TIGHT),
 ]
 # The rest of ART's keywords are refused by name (NOT_BUILT, tested above), or are
 # save_checkpoint and allow_training_without_logprobs, tested on their own.
+# num_trajectories_learning_rate_multiplier_power's rate is checked by
+# test_the_learning_rate_follows_the_number_of_trajectories_trained.
 
 
 async def test_each_training_option_changes_the_step_it_is_given_to(
@@ -462,6 +474,10 @@ async def test_each_training_option_changes_the_step_it_is_given_to(
         model = art.TrainableModel(name=name, project="train-api", base_model=BASE)
         await model.register(backend)
         await backend._experimental_fork_checkpoint(model, "effects-source")
+        if options.get("kl_ref_adapter_path") == "<effects-source step 1>":
+            options = options | {
+                "kl_ref_adapter_path": str(models / "effects-source" / "checkpoints" / "0001")
+            }
         result = await backend.train(model, stale, learning_rate=1e-3, **options)
         assert result.step == 2
         return load_file(models / name / "checkpoints" / "0002" / "adapter_model.safetensors")
@@ -479,6 +495,62 @@ async def test_each_training_option_changes_the_step_it_is_given_to(
         if moved(baselines[repr(against)], await step_from_the_source(on)) == 0.0:
             unchanged.append(f"{on} against {against}")
     assert not unchanged, f"options that did not change the step: {unchanged}"
+
+
+async def test_the_learning_rate_follows_the_number_of_trajectories_trained(
+    backend: LocalBackend,
+) -> None:
+    from art.backends.local.trainer.advantages import group_advantages
+
+    model = art.TrainableModel(name="rate-power", project="train-api", base_model=BASE)
+    await model.register(backend)
+    groups = await gather_groups(model)
+    trained = sum(  # those with a learning signal; the others are skipped
+        advantage != 0.0
+        for group in groups
+        for advantage in group_advantages([t.reward for t in group.trajectories], scale=True)
+    )
+    assert trained > 1
+    result = await backend.train(
+        model, groups, learning_rate=1e-3, num_trajectories_learning_rate_multiplier_power=0.5
+    )
+    assert result.metrics["learning_rate"] == pytest.approx(1e-3 * trained**0.5)
+
+
+async def test_a_kl_reference_checkpoint_is_the_policy_the_penalty_is_taken_against(
+    backend: LocalBackend, art_path: Path
+) -> None:
+    """ART's kl_penalty_reference_step and kl_ref_adapter_path: a step whose reference is
+    the checkpoint it trains from measures no divergence (`kl_policy_ref` 0), while the
+    base model as reference measures the steps since."""
+    model = art.TrainableModel(name="kl-reference", project="train-api", base_model=BASE)
+    await model.register(backend)
+    groups = await gather_groups(model)
+    await backend.train(model, groups, learning_rate=1e-3)
+    by_step = await backend.train(
+        model, groups, learning_rate=1e-3, kl_penalty_coef=0.5, kl_penalty_reference_step=1
+    )
+    assert abs(by_step.metrics["kl_policy_ref"]) < 1e-6
+    by_path = await backend.train(
+        model,
+        groups,
+        learning_rate=1e-3,
+        kl_penalty_coef=0.5,
+        kl_ref_adapter_path=str(art_path / "train-api/models/kl-reference/checkpoints/0002"),
+    )
+    assert abs(by_path.metrics["kl_policy_ref"]) < 1e-6
+    base = await backend.train(model, groups, learning_rate=1e-3, kl_penalty_coef=0.5)
+    assert abs(base.metrics["kl_policy_ref"]) > 1e-3  # the mean log-ratio to the base
+
+    for keywords, field in [
+        ({"kl_penalty_coef": 0.5, "kl_penalty_reference_step": 99}, "kl_penalty_reference_step"),
+        ({"kl_penalty_reference_step": 1}, "kl_penalty_reference_step"),  # no penalty taken
+        ({"kl_penalty_coef": 0.5, "kl_ref_adapter_path": str(art_path)}, "kl_ref_adapter_path"),
+    ]:
+        with pytest.raises(art.ConfigError) as refused:
+            await backend.train(model, groups, **keywords)
+        assert refused.value.field == field
+    assert await model.get_step() == 4
 
 
 async def test_a_model_forks_another_models_checkpoint_through_art_serve(

@@ -221,3 +221,20 @@ def test_kl_penalty_coef_shifts_advantages_towards_the_tokens_that_moved_least()
             max_negative_advantage_importance_sampling_weight=4.0,
         ),
     ) == LossConfig(kl_penalty_coef=0.3, mask_ratio=True, kimi_k2_tau=0.1, max_ratio=4.0)
+
+
+def test_truncated_importance_sampling_weighs_each_tokens_loss_by_its_capped_ratio() -> None:
+    new, old = _tensor(math.log(2.0), math.log(0.5)), _tensor(0.0, 0.0)
+    adv, mask = _tensor(1.0, 1.0), _tensor(1, 1)
+    config = LossConfig(ppo=True, epsilon=5.0, truncated_is=1.5)
+    # PPO's per-token loss is -ratio * advantage (2 and 0.5), times min(ratio, 1.5).
+    tis = grpo_loss(new, old, adv, mask, config)
+    assert float(tis.loss) == pytest.approx(-(2.0 * 1.5 + 0.5 * 0.5) / 2)
+    # With the trainer's own logprobs as old ones (ratio 1), the weight is trainer/sampler.
+    sampler = _tensor(math.log(0.25), 0.0)
+    precalculated = grpo_loss(new, new.detach(), adv, mask, config, sampler_logprobs=sampler)
+    # Token 0: trainer/sampler = 2 / 0.25 = 8, capped at 1.5; token 1: 0.5.
+    assert float(precalculated.loss) == pytest.approx(-(1.0 * 1.5 + 1.0 * 0.5) / 2)
+    assert LossConfig.from_configs(
+        art.TrainConfig(), art.dev.TrainConfig(truncated_importance_sampling=2.0)
+    ) == LossConfig(truncated_is=2.0)

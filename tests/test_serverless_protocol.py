@@ -237,7 +237,7 @@ async def test_training_config_is_checked_when_the_job_is_created(
         "learning_rate": "fast",
         "epsilon": -1,
         "importance_sampling_level": "per-word",
-        "advantage_balance": 0.5,
+        "advantage_balance": 1.5,
         "beta": -2,
         "no_such_knob": 1,
     }

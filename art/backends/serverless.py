@@ -231,18 +231,14 @@ class ServerlessBackend:
 
         Log the groups and `result.metrics` with `model.log` yourself, or use
         `model.train`. The keywords are ART's, with its defaults (what each does:
-        `art.core.train_options`). ART's knobs this version's trainer has not built
-        (advantage_balance, max_negative_advantage_importance_sampling_weight,
-        mask_prob_ratio, kimi_k2_tau, precalculate_logprobs, and the "average" and
-        "geometric_average" importance sampling levels) are sent when set: the managed
-        service trains with them, and `art serve` refuses each with a `ConfigError`
-        naming it, before the step starts.
+        `art.core.train_options`), sent as the job's `experimental_config`; `art serve`
+        trains with each of them.
         """
         options = serverless_train_options(**keywords)
         experimental = experimental_config(options.config, options.dev_config)
 
         async def run(groups: list[TrajectoryGroup]) -> dict[str, float]:
-            return await self._job(model, groups, experimental | options.forwarded, options.verbose)
+            return await self._job(model, groups, experimental, options.verbose)
 
         try:
             step, metrics = await train_step(self, model, trajectory_groups, options, run)

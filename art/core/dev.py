@@ -81,6 +81,41 @@ class TrainConfig(_OptimizerStep):
         description="Also train assistant turns given as plain dicts (re-encoded, with no "
         "sampler logprobs, so the ratio is taken against the current policy).",
     )
+    advantage_balance: float = Field(
+        default=0.0,
+        ge=-1.0,
+        le=1.0,
+        description="Shift weight between negative and positive advantages (ART's): above 0 "
+        "each negative advantage is multiplied by 1 - balance (1: only rewarded answers "
+        "train), below 0 each positive one by 1 + balance.",
+    )
+    precalculate_logprobs: bool = Field(
+        default=False,
+        description="Take the importance ratio against the trainer's own logprobs of the "
+        "sampled tokens before the step, not the sampler's (ART's); the sampler's then "
+        "enter only through truncated_importance_sampling.",
+    )
+    truncated_importance_sampling: float | None = Field(
+        default=None,
+        gt=0,
+        description="Multiply each token's loss by its importance weight capped at this "
+        "bound (truncated importance sampling, Yao et al. 2025, 'Your efficient RL framework "
+        "secretly brings you off-policy RL training'; ART's): with precalculate_logprobs "
+        "the weight is trainer/sampler, else the policy's ratio to the sampler. None: off.",
+    )
+    kl_ref_adapter_path: str | None = Field(
+        default=None,
+        description="A LoRA adapter directory (of this base model) whose policy is the "
+        "reference of the KL terms (kl_penalty_coef, beta) in place of the base model "
+        "(ART's; backend.train's kl_penalty_reference_step names one of the model's own "
+        "checkpoints). None: the base model.",
+    )
+    num_trajectories_learning_rate_multiplier_power: float = Field(
+        default=0.0,
+        description="Multiply the step's learning rate by the number of trajectories it "
+        "trains raised to this power (ART's; 0: unchanged). ART counts per packed row; here "
+        "a step is one optimizer step, so it counts the step's.",
+    )
 
 
 class TrainSFTConfig(_OptimizerStep):

@@ -23,7 +23,18 @@ trained or written. What each keyword does:
 - kimi_k2_tau: lower each token's advantage by tau times its policy/sampler log-ratio.
 - kl_penalty_coef: ART's KL-penalised advantage towards the base model
   (`TrainConfig.kl_penalty_coef`; the step reports `kl_policy_ref`).
+- kl_penalty_reference_step, kl_ref_adapter_path: the KL reference is one of the model's
+  own checkpoints (the backend resolves the step to its directory), or an adapter
+  directory, instead of the base model; either needs kl_penalty_coef > 0.
 - allow_training_without_logprobs: also train assistant turns given as plain messages.
+- advantage_balance: in [-1, 1]; above 0 negative advantages are multiplied by
+  1 - balance, below 0 positive ones by 1 + balance (ART's).
+- precalculate_logprobs: the importance ratio is taken against the trainer's own
+  logprobs before the step, not the sampler's (ART's).
+- truncated_importance_sampling: each token's loss times its importance weight capped at
+  this bound (TIS, Yao et al. 2025; trainer/sampler with precalculate_logprobs).
+- num_trajectories_learning_rate_multiplier_power: the learning rate times the number of
+  trajectories trained to this power (ART counts per packed row; here per step).
 - save_checkpoint: False reports `checkpoint_path=None`; as in ART, the step's checkpoint
   is still written (it is what the next rollouts are served from).
 - verbose: print what the backend does.
@@ -39,7 +50,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from . import dev
@@ -53,11 +64,6 @@ if TYPE_CHECKING:
     from .backend import Backend
     from .model import TrainableModel
 
-_KL_INSTEAD = (
-    "kl_penalty_coef=... (honoured) takes the base model as its reference; "
-    "TrainConfig(beta=...), given to model.train, adds a KL term towards the base model"
-)
-
 
 @dataclass(frozen=True)
 class NotBuilt:
@@ -69,28 +75,12 @@ class NotBuilt:
 
 
 NOT_BUILT: dict[str, NotBuilt] = {
-    "kl_penalty_reference_step": NotBuilt(
-        None,
-        "names the checkpoint step used as the KL penalty's reference (None: the base model)",
-        _KL_INSTEAD,
-    ),
-    "kl_ref_adapter_path": NotBuilt(
-        None,
-        "names a LoRA adapter directory used as the KL penalty's reference",
-        _KL_INSTEAD,
-    ),
-    "advantage_balance": NotBuilt(
-        0.0, "shifts weight between negative and positive advantages (in [-1, 1])"
-    ),
-    "precalculate_logprobs": NotBuilt(
-        False, "recomputes the old policy's logprobs with the trainer before the step"
-    ),
     "plot_tensors": NotBuilt(False, "plots the training tensors for debugging"),
-    "truncated_importance_sampling": NotBuilt(
-        None, "truncates the sampler/trainer importance weight at this bound"
-    ),
     "scale_learning_rate_by_reward_std_dev": NotBuilt(
-        False, "scales the learning rate by the reward standard deviation"
+        False,
+        "is documented to scale the learning rate by the reward standard deviation, but "
+        "0.5.18 does nothing with it (its note leaves it to Model.train, which is gone)",
+        "no rate follows it in ART either; give the learning_rate you want",
     ),
     "logprob_calculation_chunk_size": NotBuilt(
         1024,
@@ -103,9 +93,6 @@ NOT_BUILT: dict[str, NotBuilt] = {
         "sets the length sequences are packed to (required by ART's Megatron backend)",
         "sequences are packed into micro-batches that fit the memory budget; "
         "art.dev.TrainConfig(gradient_accumulation_sequences=...) caps one's size",
-    ),
-    "num_trajectories_learning_rate_multiplier_power": NotBuilt(
-        0.0, "multiplies the learning rate by the number of trajectories to this power"
     ),
 }
 
@@ -133,15 +120,15 @@ def _is_default(value: Any, default: Any) -> bool:
 class TrainOptions:
     """What one `backend.train(...)` call asks for, in this version's configs.
 
-    `forwarded` holds ART keywords that a remote server decides on (ServerlessBackend:
-    the managed service has them, `art serve` refuses them by name).
+    `reference_step` is ART's kl_penalty_reference_step, for the backend to resolve to
+    that checkpoint's directory (`dev_config.kl_ref_adapter_path`).
     """
 
     config: TrainConfig
     dev_config: dev.TrainConfig
+    reference_step: int | None = None
     report_checkpoint: bool = True
     verbose: bool = False
-    forwarded: dict[str, Any] = field(default_factory=dict)
 
 
 class LocalTrainKeywords(TypedDict, total=False):
@@ -207,20 +194,13 @@ def local_train_options(
 ) -> TrainOptions:
     """ART's `LocalBackend.train` keywords as our configs; a `ConfigError` naming any
     keyword refused (see the module docstring for each)."""
+    _check_reference(kl_penalty_coef, kl_penalty_reference_step, kl_ref_adapter_path)
     _refuse(
         {
-            "kl_penalty_reference_step": kl_penalty_reference_step,
-            "kl_ref_adapter_path": kl_ref_adapter_path,
-            "advantage_balance": advantage_balance,
-            "precalculate_logprobs": precalculate_logprobs,
             "plot_tensors": plot_tensors,
-            "truncated_importance_sampling": truncated_importance_sampling,
             "scale_learning_rate_by_reward_std_dev": scale_learning_rate_by_reward_std_dev,
             "logprob_calculation_chunk_size": logprob_calculation_chunk_size,
             "packed_sequence_length": packed_sequence_length,
-            "num_trajectories_learning_rate_multiplier_power": (
-                num_trajectories_learning_rate_multiplier_power
-            ),
         }
     )
     if loss_fn not in ("cispo", "ppo"):
@@ -260,7 +240,15 @@ def local_train_options(
             ),
             mask_prob_ratio=mask_prob_ratio,
             kimi_k2_tau=kimi_k2_tau,
+            advantage_balance=advantage_balance,
+            precalculate_logprobs=precalculate_logprobs,
+            truncated_importance_sampling=truncated_importance_sampling,
+            num_trajectories_learning_rate_multiplier_power=(
+                num_trajectories_learning_rate_multiplier_power
+            ),
+            kl_ref_adapter_path=kl_ref_adapter_path,
         ),
+        reference_step=kl_penalty_reference_step,
         report_checkpoint=save_checkpoint,
         verbose=verbose,
     )
@@ -299,18 +287,9 @@ def serverless_train_options(
     precalculate_logprobs: bool = False,
     verbose: bool = False,
 ) -> TrainOptions:
-    """ART's `ServerlessBackend.train` keywords as our configs.
-
-    The knobs this version has not built are not refused here but forwarded (set ones
-    only): the managed service trains with them, and `art serve` refuses them by name.
-    """
+    """ART's `ServerlessBackend.train` keywords as our configs."""
     _check_bool("ppo", ppo)
     _check_bool("verbose", verbose)
-    unbuilt: dict[str, Any] = {
-        "advantage_balance": advantage_balance,
-        "precalculate_logprobs": precalculate_logprobs,
-    }
-    forwarded = {k: v for k, v in unbuilt.items() if not_built_error(k, v) is not None}
     return TrainOptions(
         config=TrainConfig(learning_rate=learning_rate),
         dev_config=_dev_config(
@@ -325,9 +304,10 @@ def serverless_train_options(
             ),
             mask_prob_ratio=mask_prob_ratio,
             kimi_k2_tau=kimi_k2_tau,
+            advantage_balance=advantage_balance,
+            precalculate_logprobs=precalculate_logprobs,
         ),
         verbose=verbose,
-        forwarded=forwarded,
     )
 
 
@@ -340,7 +320,7 @@ async def train_step(
 ) -> tuple[int, dict[str, float]]:
     """`backend.train`'s body on every backend: check the groups as `model.train` does,
     take the step through `backend._train` (or `run`, which a backend that sends
-    `options.forwarded` along gives), and read the step after; nothing is logged.
+    its job gives), and read the step after; nothing is logged.
 
     Returns the step and its metrics: the groups' (rewards, exception_rate, ...), the
     trainer's (loss, grad_norm, ...) and `train_seconds`.
@@ -372,36 +352,37 @@ async def train_step(
 
 
 def _dev_config(
-    *,
-    ppo: bool,
-    epsilon: float | None,
-    epsilon_high: float | None,
-    scale_rewards: bool,
-    importance_sampling_level: str,
-    allow_training_without_logprobs: bool,
-    max_negative_advantage_importance_sampling_weight: float | None,
-    mask_prob_ratio: bool,
-    kimi_k2_tau: float | None,
+    *, ppo: bool, epsilon: float | None, epsilon_high: float | None, **fields: Any
 ) -> dev.TrainConfig:
-    # ART's loss defaults, each bound on its own: CISPO's weight is clipped only far from
-    # 1 (to [0, 5]), PPO's ratio to [0.8, 1.2].
+    """`dev.TrainConfig` of `fields`, with ART's loss defaults for an unset clip range."""
+    # Each bound on its own: CISPO's weight is clipped only far from 1 (to [0, 5]), PPO's
+    # ratio to [0.8, 1.2].
     if epsilon is None:
         epsilon = 0.2 if ppo else 1.0
     if epsilon_high is None and not ppo:
         epsilon_high = 4.0
-    return dev.TrainConfig(
-        ppo=ppo,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        scale_rewards=scale_rewards,
-        importance_sampling_level=importance_sampling_level,
-        allow_training_without_logprobs=allow_training_without_logprobs,
-        max_negative_advantage_importance_sampling_weight=(
-            max_negative_advantage_importance_sampling_weight
-        ),
-        mask_prob_ratio=mask_prob_ratio,
-        kimi_k2_tau=kimi_k2_tau,
-    )
+    return dev.TrainConfig(ppo=ppo, epsilon=epsilon, epsilon_high=epsilon_high, **fields)
+
+
+def _check_reference(coef: float, step: int | None, adapter_path: str | None) -> None:
+    if step is not None and adapter_path is not None:
+        raise ConfigError(
+            "kl_penalty_reference_step",
+            "and kl_ref_adapter_path both name the KL reference",
+            "Give one: a step of this model's checkpoints, or an adapter directory",
+        )
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ConfigError(
+            "kl_penalty_reference_step",
+            f"is {step!r}",
+            "Give a checkpoint step of this model (an int >= 0; see model.get_step())",
+        )
+    if (step is not None or adapter_path is not None) and not coef:
+        raise ConfigError(
+            "kl_penalty_reference_step" if step is not None else "kl_ref_adapter_path",
+            "names the KL penalty's reference, but kl_penalty_coef is 0, so none is taken",
+            "Set kl_penalty_coef > 0 (e.g. 0.1), or leave the reference unset",
+        )
 
 
 def _refuse(values: Mapping[str, Any]) -> None:

@@ -20,9 +20,9 @@ async def refused() -> None:
         name="agent-001", project="my-task", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     try:  # refused before anything is loaded, trained or written
-        await backend.train(model, [], advantage_balance=0.5)
+        await backend.train(model, [], packed_sequence_length=2048)
     except art.ConfigError as error:
-        print(error)  # advantage_balance: 0.5 is not built in this version: in ART it ...
+        print(error)  # packed_sequence_length: 2048 is not built in this version: in ART ...
     finally:
         await backend.close()
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ...core import dev
@@ -155,10 +156,30 @@ class LocalBackend:
         `checkpoint_path=None`: as in ART, the checkpoint is still written and served.
         """
         options = local_train_options(**keywords)
+        if options.reference_step is not None:
+            reference = self._reference(model, options.reference_step)
+            options = replace(
+                options,
+                dev_config=options.dev_config.model_copy(update={"kl_ref_adapter_path": reference}),
+            )
         step, metrics = await train_step(self, model, trajectory_groups, options)
         checkpoint = self._store(model).checkpoint_dir(step)
         path = str(checkpoint) if options.report_checkpoint and checkpoint.is_dir() else None
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=path)
+
+    def _reference(self, model: TrainableModel, step: int) -> str:
+        """ART's kl_penalty_reference_step: that checkpoint's directory of `model`, as the
+        KL reference (`dev.TrainConfig.kl_ref_adapter_path`)."""
+        store = self._store(model)
+        directory = store.checkpoint_dir(step)
+        if not directory.is_dir():
+            raise ConfigError(
+                "kl_penalty_reference_step",
+                f"is {step}, but {model.project}/{model.name} has no checkpoint there "
+                f"(it has steps {store.checkpoint_steps()})",
+                "Name a step it still has (model.delete_checkpoints may have removed it)",
+            )
+        return str(directory)
 
     async def _train(
         self,

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...core import dev
 from ...core.errors import ConfigError
-from ...core.train_options import not_built_error
 from ...core.types import TrainConfig
 from ..local.endpoint.server import ApiError
 
@@ -73,26 +72,20 @@ class ExperimentalTrainingConfig(_Body):
     kimi_k2_tau: float | None = None
     mask_prob_ratio: bool | None = None
     max_negative_advantage_importance_sampling_weight: float | None = None
-    # ART's fields with no counterpart here: accepted only at their neutral value.
     advantage_balance: float | None = None
     precalculate_logprobs: bool | None = None
     # Extensions: our TrainConfig.beta (a KL term towards the base model) and
     # kl_penalty_coef (ART's LocalBackend keyword; its managed API has no field for it),
-    # and two of our dev.TrainConfig fields.
+    # and our dev.TrainConfig fields that ART's LocalBackend.train takes as keywords.
     beta: float | None = None
     kl_penalty_coef: float | None = None
     max_grad_norm: float | None = None
     gradient_accumulation_sequences: int | None = None
+    truncated_importance_sampling: float | None = None
+    num_trajectories_learning_rate_multiplier_power: float | None = None
 
     def to_configs(self) -> tuple[TrainConfig, dev.TrainConfig]:
         """Our two training configs; a 400 naming `experimental_config.<field>` if invalid."""
-        # ART's knobs this version has not built: refused by name unless neutral, with
-        # the message a LocalBackend.train caller gets.
-        for name in _ART_ONLY:
-            value = getattr(self, name)
-            error = None if value is None else not_built_error(name, value, prefix=_PREFIX)
-            if error is not None:
-                raise error
         top = {
             "learning_rate": self.learning_rate,
             "beta": self.beta,
@@ -112,6 +105,10 @@ class ExperimentalTrainingConfig(_Body):
                 "max_negative_advantage_importance_sampling_weight",
                 "max_grad_norm",
                 "gradient_accumulation_sequences",
+                "advantage_balance",
+                "precalculate_logprobs",
+                "truncated_importance_sampling",
+                "num_trajectories_learning_rate_multiplier_power",
             )
         }
         try:
@@ -123,10 +120,6 @@ class ExperimentalTrainingConfig(_Body):
         except ConfigError as error:
             raise _config_error(error) from error
         return config, dev_config
-
-
-_PREFIX = "experimental_config."
-_ART_ONLY = ("advantage_balance", "precalculate_logprobs")
 
 
 def _config_error(error: ConfigError) -> ApiError:

@@ -425,9 +425,9 @@ class ModelService:
         objective = dev.TrainConfig.model_validate(dev_config)
         # Again here, for callers that reach the service without `model.train` (art serve).
         check_trainable(groups, allow_without_logprobs=objective.allow_training_without_logprobs)
-        return train_step(
-            trained, groups, TrainConfig.model_validate(config), objective, self._torch
-        )
+        checked = TrainConfig.model_validate(config)
+        _check_kl_reference(checked, objective)
+        return train_step(trained, groups, checked, objective, self._torch)
 
     def train_sft(
         self,
@@ -583,6 +583,25 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
     if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
         ids.add(end_of_turn)
     return {i for i in ids if i is not None}
+
+
+def _check_kl_reference(config: TrainConfig, objective: dev.TrainConfig) -> None:
+    """A KL reference adapter is a LoRA directory, and a KL term takes it."""
+    path = objective.kl_ref_adapter_path
+    if path is None:
+        return
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise ConfigError(
+            "kl_ref_adapter_path",
+            f"{path!r} holds no LoRA adapter (adapter_config.json)",
+            "Give a checkpoint directory of a model of this base (or kl_penalty_reference_step)",
+        )
+    if not (config.kl_penalty_coef > 0 or config.beta > 0):
+        raise ConfigError(
+            "kl_ref_adapter_path",
+            "names the KL reference, but kl_penalty_coef and beta are 0, so none is taken",
+            "Set kl_penalty_coef > 0 (e.g. 0.1), or leave the reference unset",
+        )
 
 
 __all__ = ["ModelService", "served_name"]

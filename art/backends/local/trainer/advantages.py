@@ -25,4 +25,14 @@ def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
     return [value / (std + _STD_EPSILON) for value in centered]
 
 
-__all__ = ["group_advantages"]
+def balanced(advantage: float, balance: float) -> float:
+    """ART's advantage_balance in [-1, 1]: above 0 a negative advantage is multiplied by
+    1 - balance, below 0 a positive one by 1 + balance; the other sign is kept."""
+    if balance > 0 and advantage < 0:
+        return advantage * (1.0 - balance)
+    if balance < 0 and advantage > 0:
+        return advantage * (1.0 + balance)
+    return advantage
+
+
+__all__ = ["balanced", "group_advantages"]

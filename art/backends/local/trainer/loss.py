@@ -34,6 +34,7 @@ class LossConfig:
     mask_ratio: bool = False  # ART's mask_prob_ratio: no gradient outside the clip range
     kimi_k2_tau: float | None = None
     kl_penalty_coef: float = 0.0  # ART's KL-penalised advantage, towards the base model
+    truncated_is: float | None = None  # ART's truncated_importance_sampling bound
 
     @property
     def needs_reference(self) -> bool:
@@ -52,6 +53,7 @@ class LossConfig:
             mask_ratio=dev_config.mask_prob_ratio,
             kimi_k2_tau=dev_config.kimi_k2_tau,
             kl_penalty_coef=config.kl_penalty_coef,
+            truncated_is=dev_config.truncated_importance_sampling,
         )
 
     @property
@@ -152,13 +154,17 @@ def grpo_loss(
     mask: torch.Tensor,
     config: LossConfig,
     ref_logprobs: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
 ) -> LossResult:
     """The token-level mean loss of one micro-batch, PPO or CISPO as `config.ppo` says.
 
     ART's optional shapings come first: the ratio capped (`max_ratio`) and zeroed outside
     the clip range (`mask_ratio`); the advantages lowered by tau times the log-ratio to
     the sampler (`kimi_k2_tau`) and shifted by `kl_penalty_coef` times (the mean
-    log-ratio to the base model minus the token's own).
+    log-ratio to the base model minus the token's own). Last, `truncated_is` multiplies
+    each token's loss by its importance weight capped at that bound (TIS, Yao et al. 2025):
+    `old_logprobs` over `sampler_logprobs` where the old ones are the trainer's own
+    (ART's precalculate_logprobs), else the ratio above.
     """
     ratio = importance_ratio(new_logprobs, old_logprobs, mask, config.importance_sampling_level)
     if config.max_ratio is not None:
@@ -187,6 +193,13 @@ def grpo_loss(
     else:
         per_token = cispo_loss(ratio, advantages, new_logprobs, config.lower, config.upper)
         clipped = (ratio > config.upper) | (ratio < config.lower)
+    if config.truncated_is is not None:
+        weight = (
+            ratio
+            if sampler_logprobs is None
+            else torch.exp(log_ratio(old_logprobs, sampler_logprobs))
+        )
+        per_token = per_token * weight.clamp(max=config.truncated_is).detach()
     policy_loss = masked_mean(per_token, mask)
     loss = policy_loss
     kl: torch.Tensor | None = None

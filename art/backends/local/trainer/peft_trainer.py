@@ -31,7 +31,7 @@ from ....core.errors import ConfigError, TrainingError
 from ....core.trajectories import Trajectory, TrajectoryGroup
 from ....core.types import TrainConfig
 from ..chat_format import ChatRendering
-from .advantages import group_advantages
+from .advantages import balanced, group_advantages
 from .batching import PACKED_ROW_TOKENS, MicroBatch, pack
 from .logprobs import output_head, sampled_logprobs
 from .loss import LossConfig, grpo_loss
@@ -259,15 +259,25 @@ class PeftTrainer:
         if loss_config.kl_penalty_coef > 0:
             names.append("kl_policy_ref")
 
+        reference = dev_config.kl_ref_adapter_path if loss_config.needs_reference else None
+
         def loss(batch: MicroBatch, flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            ref_logprobs = self._ref_logprobs(batch) if loss_config.needs_reference else None
+            ref_logprobs = (
+                self._ref_logprobs(batch, reference_name) if loss_config.needs_reference else None
+            )
+            new_logprobs = batch.per_sequence(flat)
+            # ART's precalculate_logprobs: the old policy is the trainer's, before the step.
+            # One optimizer step ends the call, so every micro-batch's forward pass runs on
+            # those weights: its own logprobs, detached, are them (no second pass).
+            precalculated = dev_config.precalculate_logprobs
             result = grpo_loss(
-                batch.per_sequence(flat),
-                batch.old_logprobs,
+                new_logprobs,
+                new_logprobs.detach() if precalculated else batch.old_logprobs,
                 batch.advantages,
                 batch.mask,
                 loss_config,
                 ref_logprobs,
+                sampler_logprobs=batch.old_logprobs if precalculated else None,
             )
             terms = {
                 "policy_loss": float(result.policy_loss),
@@ -280,15 +290,17 @@ class PeftTrainer:
                 terms["kl_policy_ref"] = float(result.kl_policy_ref)
             return result.loss, terms
 
-        return self._optimize(
-            sequences,
-            advantages,
-            loss,
-            names,
-            learning_rate=config.learning_rate,
-            max_grad_norm=dev_config.max_grad_norm,
-            max_sequences=dev_config.gradient_accumulation_sequences,
-        )
+        with self._reference_adapter(reference) as reference_name:
+            return self._optimize(
+                sequences,
+                advantages,
+                loss,
+                names,
+                learning_rate=config.learning_rate,
+                max_grad_norm=dev_config.max_grad_norm,
+                max_sequences=dev_config.gradient_accumulation_sequences,
+                trajectories_power=dev_config.num_trajectories_learning_rate_multiplier_power,
+            )
 
     def sft_step(
         self,
@@ -338,17 +350,26 @@ class PeftTrainer:
         learning_rate: float,
         max_grad_norm: float,
         max_sequences: int | None,
+        trajectories_power: float = 0.0,
     ) -> dict[str, float]:
         """One optimizer step minimising the token-level mean of `loss` over `sequences`.
 
         `loss(batch, logprobs)` gives a micro-batch's mean loss over its trained tokens and
-        further per-token means to report (`names` lists every metric reported so).
+        further per-token means to report (`names` lists every metric reported so). The
+        learning rate is multiplied by the number of trajectories trained raised to
+        `trajectories_power` (ART's num_trajectories_learning_rate_multiplier_power).
         """
         sequences, truncated = truncate(sequences, self.init_args.max_seq_length)
         # Position 0 predicts nothing, so only tokens 1.. count.
         local_tokens = sum(sum(sequence.trained[1:]) for sequence in sequences)
+        trajectories = {(s.group_index, s.trajectory_index) for s in sequences}
         counts = torch.tensor(
-            [float(len(sequences)) if local_tokens else 0.0, local_tokens, truncated],
+            [
+                float(len(sequences)) if local_tokens else 0.0,
+                local_tokens,
+                truncated,
+                float(len(trajectories)) if local_tokens else 0.0,
+            ],
             dtype=torch.float64,
         )
         if self.sync is not None:  # every worker weights its micro-batches by the step's total
@@ -402,6 +423,9 @@ class PeftTrainer:
                     f"the gradient norm is {grad_norm}; the adapter was left unchanged. "
                     "Lower the learning rate, or check the rewards and sampler logprobs"
                 )
+            if trajectories_power:
+                learning_rate *= float(counts[3]) ** trajectories_power
+                metrics["learning_rate"] = learning_rate
             for param_group in self.optimizer.param_groups:
                 param_group["lr"] = learning_rate
             self.optimizer.step()
@@ -498,7 +522,10 @@ class PeftTrainer:
         advantages: dict[tuple[int, int], float] = {}
         for i, group in enumerate(groups):
             rewards = [trajectory.reward for trajectory in group.trajectories]
-            values = group_advantages(rewards, scale=dev_config.scale_rewards)
+            values = [
+                balanced(advantage, dev_config.advantage_balance)
+                for advantage in group_advantages(rewards, scale=dev_config.scale_rewards)
+            ]
             for j, (trajectory, advantage) in enumerate(
                 zip(group.trajectories, values, strict=True)
             ):
@@ -634,10 +661,39 @@ class PeftTrainer:
                 hidden[batch.predict_at], batch.targets, self._head, self._chunk_rows
             )
 
-    def _ref_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        # The base model is the adapter switched off: no second copy of the weights.
-        with torch.no_grad(), self.model.disable_adapter():
-            return batch.per_sequence(self._logprobs(batch)[0])
+    def _ref_logprobs(self, batch: MicroBatch, adapter: str | None) -> torch.Tensor:
+        """The reference policy's logprobs: the base model (the adapter switched off: no
+        second copy of the weights), or the reference adapter `adapter` loaded beside ours."""
+        if adapter is None:
+            with torch.no_grad(), self.model.disable_adapter():
+                return batch.per_sequence(self._logprobs(batch)[0])
+        self.model.set_adapter(adapter)
+        try:
+            with torch.no_grad():
+                return batch.per_sequence(self._logprobs(batch)[0])
+        finally:
+            self.model.set_adapter(self.adapter)  # ours again, trainable
+
+    @contextlib.contextmanager
+    def _reference_adapter(self, directory: str | None) -> Iterator[str | None]:
+        """The adapter in `directory` loaded beside ours for one step (ART's
+        kl_ref_adapter_path), by its name; None where the reference is the base model."""
+        if directory is None:
+            yield None
+            return
+        name = f"{self.adapter}_kl_reference"
+        try:
+            self.model.load_adapter(directory, adapter_name=name, is_trainable=False)
+        except Exception as error:  # PEFT's: a missing file, another base's shapes
+            raise TrainingError(
+                f"kl_ref_adapter_path: the adapter in {directory} cannot be loaded beside "
+                f"this model's: {type(error).__name__}: {error}"
+            ) from error
+        try:
+            yield name
+        finally:
+            self.model.set_adapter(self.adapter)
+            self.model.delete_adapter(name)
 
     @contextlib.contextmanager
     def _own_rng(self) -> Iterator[None]:
