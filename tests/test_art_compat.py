@@ -226,8 +226,6 @@ def test_names_not_built_say_so_when_used() -> None:
         art.dev.TinkerArgs()
     with pytest.raises(art.NotBuiltError, match="W&B"):
         art.utils.record_provenance(None, "local-rl")
-    with pytest.raises(art.NotBuiltError, match="progress"):
-        art.pipeline_trainer.StatusReporter(get_scenario_offset=lambda: 0)
     assert art.dev.is_dedicated_mode({"trainer_gpu_ids": [], "inference_gpu_ids": []})
     assert not art.dev.is_dedicated_mode(art.dev.InternalModelConfig())
     with pytest.raises(art.ConfigError, match="set both"):

@@ -67,12 +67,6 @@ def check_ranges(**values: float | None) -> None:
             continue
         if name in minimum and value < minimum[name]:
             raise ConfigError(name, f"is {value}", f"Use a value >= {minimum[name]}")
-    interval = values["log_interval_seconds"]
-    if interval is not None and interval <= 0:
-        raise ConfigError("log_interval_seconds", f"is {interval}", "Use a value > 0")
-    alpha = values["status_ewa_alpha"]
-    if alpha is not None and not 0 < alpha <= 1:
-        raise ConfigError("status_ewa_alpha", f"is {alpha}", "Use a value in (0, 1]")
     low, high = values["min_batch_size"], values["max_batch_size"]
     if low is not None and high is not None and high < low:
         raise ConfigError(

@@ -122,8 +122,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             max_steps=max_steps,
             discard_queue_multiplier=discard_queue_multiplier,
             max_steps_off_policy=max_steps_off_policy,
-            log_interval_seconds=log_interval_seconds,
-            status_ewa_alpha=status_ewa_alpha,
             eval_every_n_steps=eval_every_n_steps,
             grad_accumulation_sequences=grad_accumulation_sequences,
             kl_penalty_coef=kl_penalty_coef,
