@@ -66,7 +66,7 @@ async def main(steps: int, path: str, serverless: str | None) -> None:
     rng = random.Random(0)
     for _ in range(await model.get_step(), steps):
         await model.delete_checkpoints()
-        questions = [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(2)]
+        questions = [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(4)]
         groups = await art.gather_trajectory_groups(
             art.TrajectoryGroup(rollout(model, a, b) for _ in range(6)) for a, b in questions
         )
