@@ -171,8 +171,6 @@ REFUSED: list[tuple[str, Any]] = [
     ("kl_ref_adapter_path", "/tmp/adapter"),
     ("plot_tensors", True),
     ("scale_learning_rate_by_reward_std_dev", True),
-    ("logprob_calculation_chunk_size", 512),
-    ("packed_sequence_length", 2048),
 ]
 
 
@@ -212,13 +210,11 @@ async def test_a_not_built_refusal_says_what_the_knob_does_in_art(
 ) -> None:
     model, groups = untrained
     with pytest.raises(art.ConfigError, match="not built in this version: in ART it") as error:
-        await backend.train(model, groups, packed_sequence_length=2048)
-    assert "gradient_accumulation_sequences" in error.value.fix
+        await backend.train(model, groups, scale_learning_rate_by_reward_std_dev=True)
+    assert "learning_rate" in error.value.fix
     # ART's defaults, given explicitly, are accepted rather than refused.
     with pytest.raises(art.TrajectoryValidationError):  # (only the groups are wrong here)
-        await backend.train(
-            model, [], kl_penalty_coef=0.0, logprob_calculation_chunk_size=1024, kimi_k2_tau=None
-        )
+        await backend.train(model, [], kl_penalty_coef=0.0, plot_tensors=False, kimi_k2_tau=None)
 
 
 # --- (c) loss_fn="ppo" and save_checkpoint=False -----------------------------------------
@@ -452,7 +448,9 @@ OPTION_EFFECTS += [  # the same reference, given as a directory (the source's st
     ({"mask_prob_ratio": True, **TIGHT}, TIGHT),
 ]
 # The rest of ART's keywords are refused by name (NOT_BUILT, tested above), or are
-# save_checkpoint and allow_training_without_logprobs, tested on their own.
+# save_checkpoint, allow_training_without_logprobs, packed_sequence_length and
+# logprob_calculation_chunk_size, tested on their own (the last two change the layout of a
+# step, not its maths).
 # num_trajectories_learning_rate_multiplier_power's rate is checked by
 # test_the_learning_rate_follows_the_number_of_trajectories_trained.
 
@@ -515,6 +513,32 @@ async def test_the_learning_rate_follows_the_number_of_trajectories_trained(
         model, groups, learning_rate=1e-3, num_trajectories_learning_rate_multiplier_power=0.5
     )
     assert result.metrics["learning_rate"] == pytest.approx(1e-3 * trained**0.5)
+
+
+async def test_arts_packing_keywords_reach_the_trainer(backend: LocalBackend) -> None:
+    """packed_sequence_length and logprob_calculation_chunk_size through `backend.train`:
+    the trainer's own tests (test_train_memory.py) show their effects on a step; here the
+    step reports them: rows kept every sequence, and the plan counts the wider LM-head chunk
+    (4 float32 [4096 x vocabulary] tensors instead of [341 x vocabulary], times 1.3)."""
+    model = art.TrainableModel(name="packing", project="train-api", base_model=BASE)
+    await model.register(backend)
+    groups = await gather_groups(model)
+    default = await backend.train(model, groups, learning_rate=1e-3)
+    packed = await backend.train(
+        model,
+        groups,
+        learning_rate=1e-3,
+        packed_sequence_length=512,
+        logprob_calculation_chunk_size=4096,
+    )
+    assert packed.metrics["sequences_dropped"] == 0
+    assert packed.metrics["tokens_trained"] == default.metrics["tokens_trained"]
+    grown = packed.metrics["estimated_memory_gb"] - default.metrics["estimated_memory_gb"]
+    assert grown == pytest.approx(1.3 * 4 * (4096 - 341) * 49152 * 4 / 1024**3, abs=0.3)
+    with pytest.raises(art.ConfigError) as refused:
+        await backend.train(model, groups, logprob_calculation_chunk_size=0)
+    assert refused.value.field == "logprob_calculation_chunk_size"
+    assert await model.get_step() == 2
 
 
 async def test_a_kl_reference_checkpoint_is_the_policy_the_penalty_is_taken_against(

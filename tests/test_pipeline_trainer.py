@@ -140,12 +140,17 @@ async def test_arguments_this_version_cannot_honour_are_refused_by_name(tmp_path
         ({"max_batch_size": 1, "min_batch_size": 2}, "max_batch_size"),
         ({"max_steps_off_policy": -1}, "max_steps_off_policy"),
         ({"rollout_executor": object()}, "rollout_executor"),
+        ({"packed_sequence_length": 8}, "packed_sequence_length"),  # ART's; at least 16
     ]:
         with pytest.raises(art.ConfigError) as raised:
             PipelineTrainer(model, backend, rollout, [], None, **kwargs)
         assert raised.value.field == field
     with pytest.raises(art.ConfigError, match="backend"):
         PipelineTrainer(model, object(), rollout, [], None)
+    # ART's packed_sequence_length reaches every step's config (its effect on a step:
+    # test_train_memory.py).
+    packed = PipelineTrainer(model, backend, rollout, [], None, packed_sequence_length=512)
+    assert packed.dev_config.packed_sequence_length == 512
 
 
 def test_dedicated_mode_on_the_cpu_takes_empty_gpu_lists_and_refuses_gpu_ids() -> None:

@@ -208,6 +208,8 @@ def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, di
         ("beta", -1),
         ("max_grad_norm", 0),
         ("gradient_accumulation_sequences", 0),
+        ("packed_sequence_length", 4),
+        ("logprob_calculation_chunk_size", 0),
         ("unknown_knob", 1),
     ):
         post(

@@ -167,8 +167,8 @@ def _run(
     trainer.model.zero_grad(set_to_none=True)
     batch = MicroBatch.of(sequences, advantages, trainer.device, share_prefixes=share)
     config = LossConfig(beta=0.1)
-    reference = trainer._ref_logprobs(batch)
-    flat, entropy = trainer._logprobs(batch)
+    reference = trainer._ref_logprobs(batch, None, trainer._memory.head_rows)
+    flat, entropy = trainer._logprobs(batch, trainer._memory.head_rows)
     logprobs = batch.per_sequence(flat)
     result = grpo_loss(
         logprobs, batch.old_logprobs, batch.advantages, batch.mask, config, reference

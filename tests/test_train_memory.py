@@ -210,10 +210,10 @@ def test_packed_sequences_do_not_see_each_other(default_model: tuple[Any, Any]) 
     advantages = {(0, i): 1.0 for i in range(3)}
     with torch.no_grad():
         packed = MicroBatch.of(sequences, advantages, trainer.device)
-        together = packed.per_sequence(trainer._logprobs(packed)[0])
+        together = packed.per_sequence(trainer._logprobs(packed, trainer._memory.head_rows)[0])
         for row, sequence in enumerate(sequences):
             alone = MicroBatch.of([sequence], advantages, trainer.device)
-            values = alone.per_sequence(trainer._logprobs(alone)[0])[0]
+            values = alone.per_sequence(trainer._logprobs(alone, trainer._memory.head_rows)[0])[0]
             torch.testing.assert_close(together[row, : len(values)], values, rtol=1e-4, atol=1e-4)
     assert packed.tokens == sum(len(s.token_ids) for s in sequences)  # no padding
 
@@ -247,6 +247,116 @@ def test_a_tight_budget_splits_the_step_and_trains_the_same(
         assert tight[name] == pytest.approx(roomy[name], rel=1e-3), name
     print(f"\npeak {tight['peak_memory_gb']:.2f} GiB, estimated {tight['estimated_memory_gb']:.2f}")
     assert tight["peak_memory_gb"] <= tight["estimated_memory_gb"] * 1.1
+
+
+def _lengths(tokenizer: Any, groups: list[art.TrajectoryGroup]) -> list[int]:
+    rendering = rendering_for(tokenizer)
+    return [
+        len(sequence.token_ids)
+        for group in groups
+        for i, trajectory in enumerate(group.trajectories)
+        for sequence in tokenize_trajectory(
+            trajectory, tokenizer, group_index=0, trajectory_index=i, rendering=rendering
+        )
+    ]
+
+
+def test_packed_sequence_length_bounds_each_row_and_trains_the_same(
+    default_model: tuple[Any, Any],
+) -> None:
+    """ART's packed_sequence_length: rows (forward passes) of at most that many tokens; the
+    step's maths does not change with the layout."""
+    _, tokenizer = default_model
+    groups = agent_groups(tokenizer, 4, 60)
+    longest = max(_lengths(tokenizer, groups))
+    config = art.TrainConfig(learning_rate=1e-4)
+    roomy = fresh_trainer(default_model).step(groups, config, art.dev.TrainConfig())
+    rows = fresh_trainer(default_model).step(
+        groups, config, art.dev.TrainConfig(packed_sequence_length=longest)
+    )
+
+    assert roomy["micro_batches"] == 1  # the 4 sequences share their prompt in one tree
+    assert rows["micro_batches"] >= 2  # a tree of two would be over `longest` tokens
+    assert rows["forward_tokens"] <= rows["micro_batches"] * longest
+    assert rows["sequences_dropped"] == 0
+    assert "sequences_dropped" not in roomy
+    for name in ("loss", "grad_norm", "entropy", "tokens_trained"):
+        assert rows[name] == pytest.approx(roomy[name], rel=1e-3), name
+
+
+def test_packed_sequence_length_leaves_longer_sequences_out_as_art_does(
+    default_model: tuple[Any, Any],
+) -> None:
+    _, tokenizer = default_model
+    # Rewards 0..3, so each trajectory has an advantage; the odd ones are 60 tokens longer.
+    group = art.TrajectoryGroup(
+        agent_trajectory(tokenizer, k, 80 if k % 2 else 20) for k in range(4)
+    )
+    lengths = _lengths(tokenizer, [group])
+    row = (min(lengths) + max(lengths)) // 2
+    assert [length > row for length in lengths] == [False, True, False, True]
+    config = art.TrainConfig(learning_rate=1e-4)
+    trainer = fresh_trainer(default_model)
+    with pytest.warns(UserWarning, match="longer than packed_sequence_length"):
+        metrics = trainer.step([group], config, art.dev.TrainConfig(packed_sequence_length=row))
+    assert metrics["sequences_dropped"] == 2
+    assert metrics["sequences_trained"] == 2
+
+    # None left to train: refused with the adapter untouched.
+    trainer = fresh_trainer(default_model)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    with (
+        pytest.raises(TrainingError, match="packed_sequence_length=16"),
+        pytest.warns(UserWarning, match="left 4 of 4 sequences out"),
+    ):
+        trainer.step([group], config, art.dev.TrainConfig(packed_sequence_length=16))
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert trainer.steps == 0
+    # Longer than the model trains at all: refused by name, as in ART.
+    with pytest.raises(art.ConfigError) as refused:
+        trainer.step([group], config, art.dev.TrainConfig(packed_sequence_length=9000))
+    assert refused.value.field == "packed_sequence_length"
+    assert "max_seq_length=8192" in str(refused.value)
+
+
+def test_logprob_calculation_chunk_size_is_the_rows_the_lm_head_takes(
+    default_model: tuple[Any, Any],
+) -> None:
+    """ART's logprob_calculation_chunk_size: the LM head runs on that many tokens at a
+    time (seen by a forward hook on it), the plan counts that chunk's logits, and the
+    step's maths does not change."""
+    _, tokenizer = default_model
+    groups = agent_groups(tokenizer, 4, 20)
+    config = art.TrainConfig(learning_rate=1e-4)
+
+    def step(dev_config: art.dev.TrainConfig) -> tuple[dict[str, float], list[int]]:
+        trainer = fresh_trainer(default_model)
+        rows: list[int] = []
+        head = trainer.model.get_output_embeddings()
+        hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))
+        try:
+            return trainer.step(groups, config, dev_config), rows
+        finally:
+            hook.remove()
+
+    default, default_rows = step(art.dev.TrainConfig())
+    chunked, chunked_rows = step(art.dev.TrainConfig(logprob_calculation_chunk_size=16))
+    wide, _ = step(art.dev.TrainConfig(logprob_calculation_chunk_size=4096))
+
+    assert max(default_rows) > 16
+    assert max(chunked_rows) == 16
+    assert len(chunked_rows) >= default["tokens_trained"] / 16
+    for name in ("loss", "grad_norm", "entropy", "tokens_trained"):
+        assert chunked[name] == pytest.approx(default[name], rel=1e-3), name
+    # The plan holds 4 float32 [chunk x vocabulary] tensors, times its safety margin; the
+    # RSS the estimate starts from moves a little between the steps.
+    vocab = default_model[0].config.vocab_size
+    default_head_rows = memory.logits_chunk_rows(vocab)
+    grown = 1.3 * 4 * (4096 - default_head_rows) * vocab * 4 / GIB
+    assert wide["estimated_memory_gb"] - default["estimated_memory_gb"] == pytest.approx(
+        grown, abs=0.3
+    )
 
 
 def test_a_sequence_that_cannot_fit_fails_before_training(

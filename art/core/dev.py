@@ -116,6 +116,21 @@ class TrainConfig(_OptimizerStep):
         "trains raised to this power (ART's; 0: unchanged). ART counts per packed row; here "
         "a step is one optimizer step, so it counts the step's.",
     )
+    packed_sequence_length: int | None = Field(
+        default=None,
+        ge=16,
+        description="Pack the step's sequences into rows of at most this many tokens, each "
+        "row one forward pass; a sequence longer than it is left out of the step with a "
+        "warning, and it may not exceed InitArgs.max_seq_length (ART's). None: rows of up "
+        "to 1024 tokens, or fewer where the memory budget needs it.",
+    )
+    logprob_calculation_chunk_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens whose logits the LM head computes at once when the step takes "
+        "logprobs (ART's; its LocalBackend defaults to 1024). None: as many as fit in "
+        "64 MiB of float32 logits (341 for a 49k vocabulary).",
+    )
 
 
 class TrainSFTConfig(_OptimizerStep):

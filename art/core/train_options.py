@@ -35,6 +35,10 @@ trained or written. What each keyword does:
   this bound (TIS, Yao et al. 2025; trainer/sampler with precalculate_logprobs).
 - num_trajectories_learning_rate_multiplier_power: the learning rate times the number of
   trajectories trained to this power (ART counts per packed row; here per step).
+- packed_sequence_length: sequences packed into rows (forward passes) of at most this
+  many tokens; longer ones are left out of the step with a warning, as in ART.
+- logprob_calculation_chunk_size: tokens the LM head takes at a time in the logprob pass.
+  None (ART's LocalBackend: 1024) lets the trainer size it: 64 MiB of float32 logits.
 - save_checkpoint: False reports `checkpoint_path=None`; as in ART, the step's checkpoint
   is still written (it is what the next rollouts are served from).
 - verbose: print what the backend does.
@@ -81,18 +85,6 @@ NOT_BUILT: dict[str, NotBuilt] = {
         "is documented to scale the learning rate by the reward standard deviation, but "
         "0.5.18 does nothing with it (its note leaves it to Model.train, which is gone)",
         "no rate follows it in ART either; give the learning_rate you want",
-    ),
-    "logprob_calculation_chunk_size": NotBuilt(
-        1024,
-        "sets how many tokens the trainer's logprob pass takes at a time",
-        "the trainer here sizes its LM-head chunks from the vocabulary and the memory "
-        "budget (art.dev.TrainerArgs(memory_budget_gb=...))",
-    ),
-    "packed_sequence_length": NotBuilt(
-        None,
-        "sets the length sequences are packed to (required by ART's Megatron backend)",
-        "sequences are packed into micro-batches that fit the memory budget; "
-        "art.dev.TrainConfig(gradient_accumulation_sequences=...) caps one's size",
     ),
 }
 
@@ -156,7 +148,7 @@ class LocalTrainKeywords(TypedDict, total=False):
     plot_tensors: bool
     truncated_importance_sampling: float | None
     scale_learning_rate_by_reward_std_dev: bool
-    logprob_calculation_chunk_size: int
+    logprob_calculation_chunk_size: int | None
     packed_sequence_length: int | None
     num_trajectories_learning_rate_multiplier_power: float
     save_checkpoint: bool
@@ -186,7 +178,7 @@ def local_train_options(
     plot_tensors: bool = False,
     truncated_importance_sampling: float | None = None,
     scale_learning_rate_by_reward_std_dev: bool = False,
-    logprob_calculation_chunk_size: int = 1024,
+    logprob_calculation_chunk_size: int | None = None,
     packed_sequence_length: int | None = None,
     num_trajectories_learning_rate_multiplier_power: float = 0.0,
     save_checkpoint: bool = True,
@@ -199,8 +191,6 @@ def local_train_options(
         {
             "plot_tensors": plot_tensors,
             "scale_learning_rate_by_reward_std_dev": scale_learning_rate_by_reward_std_dev,
-            "logprob_calculation_chunk_size": logprob_calculation_chunk_size,
-            "packed_sequence_length": packed_sequence_length,
         }
     )
     if loss_fn not in ("cispo", "ppo"):
@@ -247,6 +237,8 @@ def local_train_options(
                 num_trajectories_learning_rate_multiplier_power
             ),
             kl_ref_adapter_path=kl_ref_adapter_path,
+            packed_sequence_length=packed_sequence_length,
+            logprob_calculation_chunk_size=logprob_calculation_chunk_size,
         ),
         reference_step=kl_penalty_reference_step,
         report_checkpoint=save_checkpoint,

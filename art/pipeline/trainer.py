@@ -83,6 +83,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         normalize_advantages: bool = True,
         grad_accumulation_sequences: int | None = None,
         adam_params: object | None = None,
+        packed_sequence_length: int | None = None,
         kl_penalty_coef: float = 0.0,
         kl_penalty_step_lag: int | None = None,
         max_steps: int | None = None,
@@ -185,6 +186,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             ppo=loss_fn == "ppo",
             scale_rewards=normalize_advantages,
             gradient_accumulation_sequences=grad_accumulation_sequences,
+            packed_sequence_length=packed_sequence_length,
         )
         self.max_steps = max_steps
         self.discard_limit = discard_queue_multiplier * min_batch_size

@@ -20,9 +20,9 @@ async def refused() -> None:
         name="agent-001", project="my-task", base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     try:  # refused before anything is loaded, trained or written
-        await backend.train(model, [], packed_sequence_length=2048)
+        await backend.train(model, [], plot_tensors=True)
     except art.ConfigError as error:
-        print(error)  # packed_sequence_length: 2048 is not built in this version: in ART ...
+        print(error)  # plot_tensors: True is not built in this version: in ART it plots ...
     finally:
         await backend.close()
 

@@ -83,6 +83,8 @@ class ExperimentalTrainingConfig(_Body):
     gradient_accumulation_sequences: int | None = None
     truncated_importance_sampling: float | None = None
     num_trajectories_learning_rate_multiplier_power: float | None = None
+    packed_sequence_length: int | None = None
+    logprob_calculation_chunk_size: int | None = None
 
     def to_configs(self) -> tuple[TrainConfig, dev.TrainConfig]:
         """Our two training configs; a 400 naming `experimental_config.<field>` if invalid."""
@@ -109,6 +111,8 @@ class ExperimentalTrainingConfig(_Body):
                 "precalculate_logprobs",
                 "truncated_importance_sampling",
                 "num_trajectories_learning_rate_multiplier_power",
+                "packed_sequence_length",
+                "logprob_calculation_chunk_size",
             )
         }
         try:

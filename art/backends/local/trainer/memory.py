@@ -51,6 +51,7 @@ class StepMemory:
     vocab: int
     dtype_bytes: int
     trainable_bytes: int  # the adapter's parameters
+    head_rows: int  # tokens the LM head takes at a time (`logits_chunk_rows` unless set)
 
     @classmethod
     def of(cls, model: Any, trainable: list[torch.nn.Parameter]) -> StepMemory:
@@ -62,15 +63,17 @@ class StepMemory:
         head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         first = next(model.parameters())
+        vocab = int(config.vocab_size)
         return cls(
             layers=int(config.num_hidden_layers),
             hidden=hidden,
             intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
             q_dim=heads * head_dim,
             kv_dim=kv_heads * head_dim,
-            vocab=int(config.vocab_size),
+            vocab=vocab,
             dtype_bytes=first.element_size(),
             trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+            head_rows=logits_chunk_rows(vocab),
         )
 
     def layer_bytes_per_token(self) -> int:
@@ -93,7 +96,8 @@ class StepMemory:
 
     def fixed_bytes(self) -> int:
         """Workspace of a step whatever its length: the LM-head chunk, gradients, AdamW."""
-        head = 4 * LOGITS_CHUNK_BYTES  # logits, their float32 copy, softmax, gradient
+        chunk = self.head_rows * self.vocab * 4  # float32 [rows x vocabulary]
+        head = 4 * chunk  # logits, their float32 copy, softmax, gradient
         return head + 3 * self.trainable_bytes
 
     def step_bytes(self, tokens: int, checkpointed: bool) -> int:

@@ -17,7 +17,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -41,7 +41,6 @@ from .memory import (
     PeakMemory,
     StepMemory,
     large_frees_returned,
-    logits_chunk_rows,
 )
 from .memory import budget as memory_budget
 from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
@@ -229,7 +228,6 @@ class PeftTrainer:
         # a CPU step); the adapter's weights, gradients and optimizer stay float32.
         dtype = causal_lm.dtype
         self._autocast_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
-        self._chunk_rows = logits_chunk_rows(self._memory.vocab)
         self._share_up_to = _prefix_sharing_limit(causal_lm)
         # The learning rate is set from `TrainConfig` on every step.
         self.optimizer = torch.optim.AdamW(
@@ -251,6 +249,17 @@ class PeftTrainer:
         The step is planned before anything runs: a sequence that cannot fit the memory
         budget even alone raises `TrainingError` with the adapter untouched.
         """
+        row_tokens = dev_config.packed_sequence_length
+        if row_tokens is not None and row_tokens > self.init_args.max_seq_length:
+            raise ConfigError(
+                "packed_sequence_length",
+                f"{row_tokens} exceeds InitArgs.max_seq_length={self.init_args.max_seq_length}"
+                ", the longest sequence this model trains",
+                f"Give at most {self.init_args.max_seq_length}, or leave it None",
+            )
+        memory = self._memory
+        if dev_config.logprob_calculation_chunk_size is not None:
+            memory = replace(memory, head_rows=dev_config.logprob_calculation_chunk_size)
         sequences, advantages = self._sequences(groups, dev_config, rendering)
         loss_config = LossConfig.from_configs(config, dev_config)
         names = ["loss", "policy_loss", "entropy", "clip_fraction", "mean_ratio"]
@@ -263,7 +272,9 @@ class PeftTrainer:
 
         def loss(batch: MicroBatch, flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             ref_logprobs = (
-                self._ref_logprobs(batch, reference_name) if loss_config.needs_reference else None
+                self._ref_logprobs(batch, reference_name, memory.head_rows)
+                if loss_config.needs_reference
+                else None
             )
             new_logprobs = batch.per_sequence(flat)
             # ART's precalculate_logprobs: the old policy is the trainer's, before the step.
@@ -300,6 +311,8 @@ class PeftTrainer:
                 max_grad_norm=dev_config.max_grad_norm,
                 max_sequences=dev_config.gradient_accumulation_sequences,
                 trajectories_power=dev_config.num_trajectories_learning_rate_multiplier_power,
+                memory=memory,
+                row_tokens=row_tokens,
             )
 
     def sft_step(
@@ -351,6 +364,8 @@ class PeftTrainer:
         max_grad_norm: float,
         max_sequences: int | None,
         trajectories_power: float = 0.0,
+        memory: StepMemory | None = None,
+        row_tokens: int | None = None,
     ) -> dict[str, float]:
         """One optimizer step minimising the token-level mean of `loss` over `sequences`.
 
@@ -358,7 +373,23 @@ class PeftTrainer:
         further per-token means to report (`names` lists every metric reported so). The
         learning rate is multiplied by the number of trajectories trained raised to
         `trajectories_power` (ART's num_trajectories_learning_rate_multiplier_power).
+        `memory` is the model's `StepMemory` with the step's LM-head chunk; `row_tokens`
+        (ART's packed_sequence_length) bounds a packed row, and longer sequences are left
+        out of the step, as ART leaves them out.
         """
+        memory = memory or self._memory
+        dropped = 0
+        if row_tokens is not None:
+            kept = [s for s in sequences if len(s.token_ids) <= row_tokens]
+            dropped = len(sequences) - len(kept)
+            if dropped:
+                longest = max(len(s.token_ids) for s in sequences)
+                warnings.warn(
+                    f"left {dropped} of {len(sequences)} sequences out of the step: longer "
+                    f"than packed_sequence_length={row_tokens} (the longest: {longest} tokens)",
+                    stacklevel=2,
+                )
+            sequences = kept
         sequences, truncated = truncate(sequences, self.init_args.max_seq_length)
         # Position 0 predicts nothing, so only tokens 1.. count.
         local_tokens = sum(sum(sequence.trained[1:]) for sequence in sequences)
@@ -369,6 +400,7 @@ class PeftTrainer:
                 local_tokens,
                 truncated,
                 float(len(trajectories)) if local_tokens else 0.0,
+                dropped,
             ],
             dtype=torch.float64,
         )
@@ -380,11 +412,23 @@ class PeftTrainer:
             "tokens_trained": float(counts[1]),
             "truncated_tokens": float(counts[2]),
         }
+        if row_tokens is not None:
+            metrics["sequences_dropped"] = float(counts[4])
+            if tokens == 0 and counts[4]:
+                raise TrainingError(
+                    f"every sequence with a trained token is longer than "
+                    f"packed_sequence_length={row_tokens}, so none is left to train; nothing "
+                    "was trained or saved. Raise packed_sequence_length, or leave it None"
+                )
         sums = dict.fromkeys(names, 0.0)
         if tokens == 0:  # every worker sees the same total, so all of them return here
             return metrics | sums | {"grad_norm": 0.0}
 
-        plan = self._plan(sequences, max_sequences) if local_tokens else _Plan([], 0)
+        plan = (
+            self._plan(sequences, max_sequences, memory, row_tokens)
+            if local_tokens
+            else _Plan([], 0)
+        )
         self.model.set_adapter(self.adapter)  # inference may have switched to another
         self._train_mode()
         progress = tqdm(
@@ -402,7 +446,7 @@ class PeftTrainer:
                     batch = MicroBatch.of(
                         chosen, advantages, self.device, share_prefixes=planned.shares_prefixes
                     )
-                    flat, entropy = self._logprobs(batch)
+                    flat, entropy = self._logprobs(batch, memory.head_rows)
                     value, terms = loss(batch, flat)
                     # Each micro-batch's mean weighted by its share of the tokens: the sum
                     # of the gradients is that of one token-level mean over the whole step.
@@ -542,17 +586,35 @@ class PeftTrainer:
                 )
         return sequences, advantages
 
-    def _plan(self, sequences: Sequence[TrainingSequence], max_sequences: int | None) -> _Plan:
-        """Micro-batches and checkpointing that fit the memory budget, or a `TrainingError`."""
+    def _plan(
+        self,
+        sequences: Sequence[TrainingSequence],
+        max_sequences: int | None,
+        memory: StepMemory,
+        row_tokens: int | None,
+    ) -> _Plan:
+        """Micro-batches and checkpointing that fit the memory budget, or a `TrainingError`.
+
+        Sequences are packed into rows of `row_tokens` (ART's packed_sequence_length), or
+        of up to `PACKED_ROW_TOKENS` as the budget allows when it is None.
+        """
         budget = memory_budget(self.device, self.trainer_args.memory_budget_gb)
         forced = self.trainer_args.gradient_checkpointing
-        plain = self._memory.capacity(budget.available, checkpointed=False)
-        capacity = plain if forced is False else self._memory.capacity(budget.available, True)
+        plain = memory.capacity(budget.available, checkpointed=False)
+        capacity = plain if forced is False else memory.capacity(budget.available, True)
         longest = max(sequences, key=lambda s: len(s.token_ids))
         if len(longest.token_ids) > capacity:
-            raise TrainingError(self._too_long(longest, budget, checkpointed=forced is not False))
+            raise TrainingError(self._too_long(longest, budget, forced is not False, memory))
+        if row_tokens is not None and row_tokens > capacity:
+            need = memory.step_bytes(row_tokens, forced is not False) / GIB
+            raise TrainingError(
+                f"a packed row of packed_sequence_length={row_tokens} tokens needs about "
+                f"{need:.2f} GiB to train, but the budget leaves {budget.available / GIB:.2f}"
+                f" GiB (rows of up to {capacity} tokens fit). Nothing was trained or saved. "
+                f"To fix: give packed_sequence_length <= {capacity}, or leave it None"
+            )
         lengths = [len(sequence.token_ids) for sequence in sequences]
-        row = min(capacity, PACKED_ROW_TOKENS)
+        row = min(capacity, PACKED_ROW_TOKENS) if row_tokens is None else row_tokens
         units = self._units(sequences, row, max_sequences)
         # A unit of several sequences (a prefix tree) is a micro-batch of its own: two trees
         # in one row would make each token's attention span both (see `row_cost`), for
@@ -576,7 +638,7 @@ class PeftTrainer:
                 forced if forced is not None else tokens > min(plain, CHECKPOINT_ABOVE_TOKENS)
             )
             batches.append(_Batch(indices, tokens, checkpointed, shares))
-            estimated = max(estimated, self._memory.step_bytes(tokens, checkpointed))
+            estimated = max(estimated, memory.step_bytes(tokens, checkpointed))
         return _Plan(batches=batches, estimated_bytes=budget.in_use + estimated)
 
     def _units(
@@ -621,9 +683,11 @@ class PeftTrainer:
         limit = self._share_up_to
         return limit is not None and all(len(s.token_ids) <= limit for s in sequences)
 
-    def _too_long(self, sequence: TrainingSequence, budget: Budget, checkpointed: bool) -> str:
+    def _too_long(
+        self, sequence: TrainingSequence, budget: Budget, checkpointed: bool, memory: StepMemory
+    ) -> str:
         length = len(sequence.token_ids)
-        need = self._memory.step_bytes(length, checkpointed) / GIB
+        need = memory.step_bytes(length, checkpointed) / GIB
         where = f"group {sequence.group_index}, trajectory {sequence.trajectory_index}"
         if budget.configured:
             limit = f"TrainerArgs.memory_budget_gb={budget.limit / GIB:.2f}"
@@ -636,6 +700,8 @@ class PeftTrainer:
         ]
         if not checkpointed:
             fixes.insert(0, "leave TrainerArgs.gradient_checkpointing unset (or True)")
+        if memory.head_rows > self._memory.head_rows:
+            fixes.insert(0, f"lower logprob_calculation_chunk_size (now {memory.head_rows})")
         return (
             f"a sequence of {length} tokens ({where}) needs about {need:.2f} GiB to train"
             f"{' with gradient checkpointing' if checkpointed else ' without gradient checkpointing'}"
@@ -644,8 +710,9 @@ class PeftTrainer:
             + "; or ".join(fixes)
         )
 
-    def _logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's logprob of each trained token of `batch` ([n]), and the entropy there."""
+    def _logprobs(self, batch: MicroBatch, head_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's logprob of each trained token of `batch` ([n]), and the entropy there;
+        the LM head takes `head_rows` tokens at a time."""
         with torch.autocast(
             self.device.type,
             dtype=self._autocast_dtype or torch.bfloat16,
@@ -657,20 +724,18 @@ class PeftTrainer:
                 attention_mask=batch.attention_mask,
                 use_cache=False,
             ).last_hidden_state[0]
-            return sampled_logprobs(
-                hidden[batch.predict_at], batch.targets, self._head, self._chunk_rows
-            )
+            return sampled_logprobs(hidden[batch.predict_at], batch.targets, self._head, head_rows)
 
-    def _ref_logprobs(self, batch: MicroBatch, adapter: str | None) -> torch.Tensor:
+    def _ref_logprobs(self, batch: MicroBatch, adapter: str | None, head_rows: int) -> torch.Tensor:
         """The reference policy's logprobs: the base model (the adapter switched off: no
         second copy of the weights), or the reference adapter `adapter` loaded beside ours."""
         if adapter is None:
             with torch.no_grad(), self.model.disable_adapter():
-                return batch.per_sequence(self._logprobs(batch)[0])
+                return batch.per_sequence(self._logprobs(batch, head_rows)[0])
         self.model.set_adapter(adapter)
         try:
             with torch.no_grad():
-                return batch.per_sequence(self._logprobs(batch)[0])
+                return batch.per_sequence(self._logprobs(batch, head_rows)[0])
         finally:
             self.model.set_adapter(self.adapter)  # ours again, trainable
 
