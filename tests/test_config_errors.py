@@ -63,6 +63,17 @@ def test_keys_of_arts_own_config_dicts_say_what_to_use_here() -> None:
         "init_args.gpu_memory_utilization",
         "EngineArgs(gpu_memory_utilization=...)",
     )
+    # ART 0.5.18's InternalModelConfig keys with nothing to set here say why.
+    _raises(
+        lambda: art.dev.InternalModelConfig(allow_unvalidated_arch=True),  # type: ignore[call-arg]
+        "allow_unvalidated_arch",
+        "no supported-architecture registry",
+    )
+    _raises(
+        lambda: art.dev.InternalModelConfig(tinker_native_args={}),  # type: ignore[call-arg]
+        "tinker_native_args",
+        "Tinker backend is not part of this version",
+    )
     # A key ART does not have either: the settings there are are listed.
     _raises(lambda: art.dev.PeftArgs(rank=8), "rank", "r, lora_alpha")
 

@@ -110,6 +110,15 @@ ART_KEYS: dict[tuple[str, str], str] = {
     ): "the Tinker backend is not part of this version; remove tinker_args",
     (
         "InternalModelConfig",
+        "tinker_native_args",
+    ): "the Tinker backend is not part of this version; remove tinker_native_args",
+    (
+        "InternalModelConfig",
+        "allow_unvalidated_arch",
+    ): "there is no supported-architecture registry here to override: any model "
+    "transformers and PEFT can load is served and trained; remove allow_unvalidated_arch",
+    (
+        "InternalModelConfig",
         "vllm_runtime",
     ): "an external vLLM server is not supported; remove vllm_runtime",
     (
