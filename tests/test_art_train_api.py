@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +37,13 @@ WORDS = ("apple", "river")
 
 
 @pytest.fixture(scope="module")
-def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("train-api") / ".art"
+def backend(shared_backend: LocalBackend) -> LocalBackend:
+    return shared_backend
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def backend(art_path: Path) -> AsyncIterator[LocalBackend]:
-    backend = LocalBackend(in_process=True, path=art_path)
-    yield backend
-    await backend.close()
+@pytest.fixture(scope="module")
+def art_path(shared_backend: LocalBackend) -> Path:
+    return Path(shared_backend.path)
 
 
 async def gather_groups(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
@@ -350,6 +348,7 @@ async def test_serverless_backend_train_returns_a_serverless_train_result(server
     await backend.close()
 
 
+@pytest.mark.sampling
 @pytest.mark.parametrize("where", ["LocalBackend", "ServerlessBackend on art serve"])
 def test_the_art_style_example_trains_on_each_backend(
     where: str, server: Server, tmp_path: Path

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,13 +39,10 @@ LOOKUP = {
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def model(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
-    path: Path = tmp_path_factory.mktemp("capture") / ".art"
-    backend = LocalBackend(path=path, in_process=True)
-    model = art.TrainableModel(name="agent", project="capture", base_model=BASE)
-    await model.register(backend)
-    yield model
-    await backend.close()
+async def model(shared_backend: LocalBackend) -> art.TrainableModel:
+    model = art.TrainableModel(name="capture-agent", project="capture", base_model=BASE)
+    await model.register(shared_backend)
+    return model
 
 
 def roles(items: list[Any]) -> list[str]:

@@ -214,6 +214,7 @@ def test_a_broken_snippet_fails_its_run(tmp_path: Path) -> None:
     ("snippet", "run"),
     [("readme_example.py", "demo/models/agent"), ("loop.py", "my-task/models/agent-001")],
 )
+@pytest.mark.sampling
 def test_the_loops_shown_train_a_step_that_learns(snippet: str, run: str, tmp_path: Path) -> None:
     """The README's loop and the getting-started template, their `main` run where a user
     would start them: the rewards tell some group's rollouts apart. Two steps, as one

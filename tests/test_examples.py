@@ -26,6 +26,7 @@ def run_demo(path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.sampling
 @pytest.mark.timeout(1800)  # three starts of the demo, two of them training
 def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
     tmp_path: Path,
@@ -55,6 +56,7 @@ def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
     assert len(rows) == 1  # the old run's history went with it
 
 
+@pytest.mark.sampling
 def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
     tmp_path: Path,
 ) -> None:
@@ -82,6 +84,7 @@ def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
 
 # Liveness only, as the subprocess's own limit: scenario generation, rollouts, RULER and a
 # step of the default model, on 2 cores shared with the rest of the suite.
+@pytest.mark.sampling
 @pytest.mark.timeout(1200)
 def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
     tmp_path: Path,
@@ -105,6 +108,7 @@ def test_the_mcp_rl_example_generates_scenarios_rolls_out_judges_and_trains(
     assert_a_step_learned(run)
 
 
+@pytest.mark.sampling
 def test_sft_then_rl_teaches_the_format_then_trains_from_that_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -134,6 +138,7 @@ def test_sft_then_rl_teaches_the_format_then_trains_from_that_checkpoint(tmp_pat
     assert_a_step_learned(run)
 
 
+@pytest.mark.sampling
 def test_the_langgraph_example_trains_a_step_its_rewards_tell_apart(tmp_path: Path) -> None:
     result = subprocess.run(
         [

@@ -10,8 +10,6 @@ recording, the token ids) is the real path.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -58,13 +56,10 @@ FORCE_CAPITAL = {"type": "function", "function": {"name": "lookup_capital"}}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def model(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
-    path: Path = tmp_path_factory.mktemp("langgraph") / ".art"
-    backend = LocalBackend(path=path, in_process=True)
-    model = art.TrainableModel(name="agent", project="langgraph", base_model=BASE)
-    await model.register(backend)
-    yield model
-    await backend.close()
+async def model(shared_backend: LocalBackend) -> art.TrainableModel:
+    model = art.TrainableModel(name="langgraph-agent", project="langgraph", base_model=BASE)
+    await model.register(shared_backend)
+    return model
 
 
 def roles(items: list[Any]) -> list[str]:

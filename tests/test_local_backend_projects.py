@@ -9,13 +9,11 @@ reports, and a failed step's `TrainingError` says which step it was making.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import pytest_asyncio
 
 import art
 from art.local import LocalBackend
@@ -25,15 +23,13 @@ PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
 
 
 @pytest.fixture(scope="module")
-def backend_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("projects") / ".art"
+def backend(shared_backend: LocalBackend) -> LocalBackend:
+    return shared_backend
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def backend(backend_path: Path) -> AsyncIterator[LocalBackend]:
-    backend = LocalBackend(path=backend_path, in_process=True)
-    yield backend
-    await backend.close()
+@pytest.fixture(scope="module")
+def backend_path(shared_backend: LocalBackend) -> Path:
+    return Path(shared_backend.path)
 
 
 async def probe_logprobs(model: art.Model, name: str) -> list[float]:

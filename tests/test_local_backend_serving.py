@@ -13,7 +13,6 @@ import math
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -40,20 +39,18 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def backend_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("serving") / ".art"
+def backend(shared_backend: LocalBackend) -> LocalBackend:
+    return shared_backend
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def backend(backend_path: Path) -> AsyncIterator[LocalBackend]:
-    backend = LocalBackend(path=backend_path, in_process=True)
-    yield backend
-    await backend.close()
+@pytest.fixture(scope="module")
+def backend_path(shared_backend: LocalBackend) -> Path:
+    return Path(shared_backend.path)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(backend: LocalBackend) -> art.TrainableModel:
-    model = art.TrainableModel(name="served", project="tests", base_model=BASE)
+    model = art.TrainableModel(name="served", project="serving", base_model=BASE)
     await model.register(backend)
     return model
 
@@ -259,7 +256,7 @@ async def rollout(model: art.TrainableModel, client: AsyncOpenAI, word: str) -> 
 async def test_two_training_steps_save_serve_and_resume(
     backend: LocalBackend, backend_path: Path
 ) -> None:
-    model = art.TrainableModel(name="trained", project="tests", base_model=BASE)
+    model = art.TrainableModel(name="trained", project="serving", base_model=BASE)
     await model.register(backend)
     client = model.openai_client()
     probe = ask("Write one short sentence about cats.")
@@ -279,7 +276,7 @@ async def test_two_training_steps_save_serve_and_resume(
         await model.train(groups, config=art.TrainConfig(learning_rate=5e-3))
     assert await model.get_step() == 2
 
-    run = backend_path / "tests" / "models" / "trained"
+    run = backend_path / "serving" / "models" / "trained"
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert checkpoints == ["0000", "0001", "0002"]
     for name in ("0001", "0002"):
@@ -339,7 +336,7 @@ async def test_two_training_steps_save_serve_and_resume(
 
         async def main():
             backend = LocalBackend(path={str(backend_path)!r})
-            model = art.TrainableModel(name="trained", project="tests", base_model={BASE!r})
+            model = art.TrainableModel(name="trained", project="serving", base_model={BASE!r})
             await model.register(backend)
             completion = await model.openai_client().chat.completions.create(
                 model=model.name, messages={probe!r}, max_tokens=12, temperature=0
@@ -362,7 +359,7 @@ async def test_two_training_steps_save_serve_and_resume(
 async def test_a_step_without_reward_variance_trains_nothing_but_advances(
     backend: LocalBackend, backend_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = art.TrainableModel(name="flat", project="tests", base_model=BASE)
+    model = art.TrainableModel(name="flat", project="serving", base_model=BASE)
     await model.register(backend)
     client = model.openai_client()
 
@@ -379,7 +376,9 @@ async def test_a_step_without_reward_variance_trains_nothing_but_advances(
     assert await model.get_step() == 1
     assert "flat step 1: every group's rewards are equal" in caplog.text  # the user is told
     row = json.loads(
-        (backend_path / "tests" / "models" / "flat" / "history.jsonl").read_text().splitlines()[-1]
+        (backend_path / "serving" / "models" / "flat" / "history.jsonl")
+        .read_text()
+        .splitlines()[-1]
     )
     assert row["train/tokens_trained"] == 0
     assert row["train/trainable_groups"] == 0
@@ -389,7 +388,7 @@ async def test_choices_without_sampled_ids_are_refused_before_anything_is_writte
     backend: LocalBackend, backend_path: Path, chat_server_url: str
 ) -> None:
     """Choices from another endpoint carry no token ids: training says why, writes nothing."""
-    model = art.TrainableModel(name="foreign", project="tests", base_model=BASE)
+    model = art.TrainableModel(name="foreign", project="serving", base_model=BASE)
     await model.register(backend)
     other = AsyncOpenAI(base_url=chat_server_url, api_key="k")
 
@@ -403,7 +402,7 @@ async def test_choices_without_sampled_ids_are_refused_before_anything_is_writte
     with pytest.raises(art.TrajectoryValidationError, match="allow_training_without_logprobs"):
         await model.train(groups)
     assert await model.get_step() == 0
-    run = backend_path / "tests" / "models" / "foreign"
+    run = backend_path / "serving" / "models" / "foreign"
     assert (run / "checkpoints" / "0000" / "adapter_model.safetensors").is_file()
     assert not (run / "trajectories").exists()  # a step that did not happen is not logged
 

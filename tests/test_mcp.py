@@ -221,12 +221,10 @@ async def http_notes(notes_dir: Path) -> AsyncIterator[MCPSession]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
-    backend = LocalBackend(path=tmp_path_factory.mktemp("mcp") / ".art", in_process=True)
-    model = art.TrainableModel(name="agent", project="tests", base_model=BASE)
-    await model.register(backend)
-    yield model
-    await backend.close()
+async def served(shared_backend: LocalBackend) -> art.TrainableModel:
+    model = art.TrainableModel(name="mcp-agent", project="mcp", base_model=BASE)
+    await model.register(shared_backend)
+    return model
 
 
 # --- discovery --------------------------------------------------------------------------

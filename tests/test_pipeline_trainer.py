@@ -477,6 +477,7 @@ def run_example(path: Path, *options: str) -> str:
     return result.stdout
 
 
+@pytest.mark.sampling
 def test_the_pipeline_example_trains_then_resumes(tmp_path: Path) -> None:
     first = run_example(tmp_path, "--steps", "1")
     assert "step 1: reward" in first

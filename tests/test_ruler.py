@@ -302,11 +302,9 @@ def test_model_litellm_completion_params_reach_its_endpoint() -> None:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def judge_endpoint(
-    tmp_path_factory: pytest.TempPathFactory,
+    shared_backend: art.local.LocalBackend,
 ) -> AsyncIterator[tuple[art.local.LocalBackend, dict[str, Any]]]:
-    from art.local import LocalBackend
-
-    backend = LocalBackend(path=tmp_path_factory.mktemp("ruler") / ".art", in_process=True)
+    backend = shared_backend
     model = art.TrainableModel(name="policy", project="ruler", base_model=BASE)
     await model.register(backend)
     params = model.litellm_completion_params()
@@ -319,7 +317,6 @@ async def judge_endpoint(
         "max_tokens": 400,
     }
     yield backend, judge
-    await backend.close()
 
 
 async def test_a_real_judge_scores_a_group_of_4_and_the_cache_answers_once_it_is_gone(

@@ -13,13 +13,12 @@ import asyncio
 import json
 import random
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 from serve_server import KEY, Server
 
 import art
@@ -49,15 +48,13 @@ def _pairs(n: int, seed: int) -> list[tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("sft") / ".art"
+def backend(shared_backend: LocalBackend) -> LocalBackend:
+    return shared_backend
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def backend(art_path: Path) -> AsyncIterator[LocalBackend]:
-    backend = LocalBackend(in_process=True, path=art_path)
-    yield backend
-    await backend.close()
+@pytest.fixture(scope="module")
+def art_path(shared_backend: LocalBackend) -> Path:
+    return Path(shared_backend.path)
 
 
 async def _answers(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -61,16 +60,10 @@ WEATHER_TOOL = {
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
-    backend = LocalBackend(path=tmp_path_factory.mktemp("structured") / ".art", in_process=True)
-    model = art.TrainableModel(
-        name="structured",
-        project="tests",
-        base_model=BASE,
-    )
-    await model.register(backend)
-    yield model
-    await backend.close()
+async def served(shared_backend: LocalBackend) -> art.TrainableModel:
+    model = art.TrainableModel(name="structured", project="structured", base_model=BASE)
+    await model.register(shared_backend)
+    return model
 
 
 def movie_format(schema: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +77,9 @@ def ask(content: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": content}]
 
 
+@pytest.mark.sampling
 async def test_twenty_samples_at_temperature_1_validate_against_the_schema_when_they_end(
-    served: art.TrainableModel, default_model: tuple[Any, Any]
+    served: art.TrainableModel, default_model: tuple[Any, Any], test_seed: int
 ) -> None:
     completion = await served.openai_client().chat.completions.create(
         model=served.name,
@@ -94,7 +88,7 @@ async def test_twenty_samples_at_temperature_1_validate_against_the_schema_when_
         n=20,
         temperature=1.0,
         max_tokens=96,
-        seed=7,
+        seed=7 + test_seed,
     )
     assert len(completion.choices) == 20
     # At temperature 1 a sample may run into max_tokens (one CPU's bf16 sums drew a title
@@ -132,14 +126,17 @@ async def test_twenty_samples_at_temperature_1_validate_against_the_schema_when_
     assert any(logprob < -0.01 for logprob in logprobs)  # forced tokens keep their own odds
 
 
-async def test_json_object_returns_a_json_object_and_streams(served: art.TrainableModel) -> None:
+@pytest.mark.sampling
+async def test_json_object_returns_a_json_object_and_streams(
+    served: art.TrainableModel, test_seed: int
+) -> None:
     client = served.openai_client()
     request: dict[str, Any] = {
         "model": served.name,
         "messages": ask('Reply with a JSON object like {"name": "Ada", "age": 36}.'),
         "response_format": {"type": "json_object"},
         "max_tokens": 96,
-        "seed": 3,
+        "seed": 3 + test_seed,
     }
     completion = await client.chat.completions.create(**request)
     choice = completion.choices[0]
@@ -153,8 +150,9 @@ async def test_json_object_returns_a_json_object_and_streams(served: art.Trainab
     assert text == choice.message.content  # the same seed samples the same object
 
 
+@pytest.mark.sampling
 async def test_a_forced_tool_calls_arguments_follow_its_parameters(
-    served: art.TrainableModel,
+    served: art.TrainableModel, test_seed: int
 ) -> None:
     completion = await served.openai_client().chat.completions.create(
         model=served.name,
@@ -164,7 +162,7 @@ async def test_a_forced_tool_calls_arguments_follow_its_parameters(
         n=4,
         temperature=1.0,
         max_tokens=48,
-        seed=5,
+        seed=5 + test_seed,
     )
     for choice in completion.choices:
         assert choice.finish_reason == "tool_calls"
@@ -175,8 +173,9 @@ async def test_a_forced_tool_calls_arguments_follow_its_parameters(
         jsonschema.validate(json.loads(call.arguments), parameters)
 
 
+@pytest.mark.sampling
 async def test_required_among_several_tools_calls_one_of_them_with_valid_arguments(
-    served: art.TrainableModel,
+    served: art.TrainableModel, test_seed: int
 ) -> None:
     time_tool = {
         "type": "function",
@@ -200,7 +199,7 @@ async def test_required_among_several_tools_calls_one_of_them_with_valid_argumen
         n=4,
         temperature=1.0,
         max_tokens=48,
-        seed=5,
+        seed=5 + test_seed,
     )
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}  # type: ignore[index]
     for choice in completion.choices:
