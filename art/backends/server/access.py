@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.storage import write_text_atomic
-from ..local.endpoint.server import ApiError
+from ...runtime.endpoint.server import ApiError
 
 logger = logging.getLogger("art.serve")
 

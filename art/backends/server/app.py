@@ -42,8 +42,8 @@ from fastapi.responses import HTMLResponse
 from ...core.errors import ConfigError
 from ...core.storage import ModelStore, check_split
 from ...core.validation import coerce_groups
-from ..local.endpoint.server import ApiError, build_app
-from ..local.service.placement import Placement
+from ...runtime.endpoint.server import ApiError, build_app
+from ...runtime.service.placement import Placement
 from .access import KeyStore, RequireKey, current
 from .errors import add_error_handlers
 from .jobs import TrainingJob

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...core.errors import ArtValueError
 from ...core.sft_data import SFTDataError
-from ..local.endpoint.server import ApiError
+from ...runtime.endpoint.server import ApiError
 from .access import log_rejected
 
 

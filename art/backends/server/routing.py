@@ -13,8 +13,8 @@ import threading
 from typing import Any
 
 from ...core.storage import ModelStore
-from ..local.endpoint.server import ApiError, Route
-from ..local.service.model_service import ModelService, served_name
+from ...runtime.endpoint.server import ApiError, Route
+from ...runtime.service.model_service import ModelService, served_name
 from ..serverless import inference_name, parse_inference_name
 from .access import current
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...core import dev
 from ...core.errors import ConfigError
 from ...core.types import TrainConfig
-from ..local.endpoint.server import ApiError
+from ...runtime.endpoint.server import ApiError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
 

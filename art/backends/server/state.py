@@ -22,9 +22,9 @@ from ...core.storage import ModelStore, fork_checkpoint
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainSFTConfig
 from ...core.validation import check_trainable, coerce_groups
-from ..local.endpoint.server import ApiError
-from ..local.service.model_service import ModelService
-from ..local.service.placement import Placement
+from ...runtime.endpoint.server import ApiError
+from ...runtime.service.model_service import ModelService
+from ...runtime.service.placement import Placement
 from .access import current
 from .errors import json_path
 from .jobs import TrainingJob

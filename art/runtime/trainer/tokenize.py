@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ....core.errors import TrainingError
-from ....core.trajectories import Trajectory, messages_of
-from ....core.types import MessageOrChoice, Messages, Tool
+from ...core.errors import TrainingError
+from ...core.trajectories import Trajectory, messages_of
+from ...core.types import MessageOrChoice, Messages, Tool
 from ..chat_format import ChatRendering, render_prompt
 
 if TYPE_CHECKING:

@@ -33,13 +33,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ....core import dev
-from ....core.errors import ConfigError, TrainingError
-from ....core.trajectories import Trajectory, TrajectoryGroup
-from ....core.types import TrainConfig
+from ...core import dev
+from ...core.errors import ConfigError, TrainingError
+from ...core.trajectories import Trajectory, TrajectoryGroup
+from ...core.types import TrainConfig
 from ..chat_format import ChatRendering
 
-_PACKAGE = Path(__file__).resolve().parents[3]  # the `art` package: art/backends/local/trainer/
+_PACKAGE = Path(__file__).resolve().parents[2]  # the `art` package: art/runtime/trainer/
 _REPO = _PACKAGE.parent
 _START_TIMEOUT_S = 900.0  # importing Unsloth and loading a base; a 4-bit one quantizes
 INSTALL_HINT = (
@@ -217,7 +217,7 @@ class UnslothTrainer:
                         str(spec.python),
                         "-P",
                         "-m",
-                        "art.backends.local.trainer.unsloth_worker",
+                        "art.runtime.trainer.unsloth_worker",
                         str(request_read),
                         str(reply_write),
                     ],

@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 
-from ....core.errors import ArtValueError
-from ....core.trajectories import check_message_or_choice, check_tool
+from ...core.errors import ArtValueError
+from ...core.trajectories import check_message_or_choice, check_tool
 
 logger = logging.getLogger("art.endpoint")
 

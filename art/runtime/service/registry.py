@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ....core import dev
-from ....core.storage import ModelStore, WriterLock
+from ...core import dev
+from ...core.storage import ModelStore, WriterLock
 from ..chat_format import ChatRendering
 from ..engines.base import Engine
 from ..torch_thread import TorchThread

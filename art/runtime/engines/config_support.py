@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ....core import dev
-from ....core.errors import ConfigError
+from ...core import dev
+from ...core.errors import ConfigError
 from .base import EngineName
 from .transformers.merged import mergeable
 

@@ -15,8 +15,8 @@ from typing import Literal
 
 import torch
 
-from ....core import dev
-from ....core.types import TrainConfig
+from ...core import dev
+from ...core.types import TrainConfig
 
 
 @dataclass(frozen=True)

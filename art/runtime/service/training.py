@@ -14,11 +14,11 @@ backend trained meanwhile) is refused rather than written on a stale lineage.
 
 from __future__ import annotations
 
-from ....core import dev
-from ....core.errors import ConfigError
-from ....core.storage import replace_dir_atomic
-from ....core.trajectories import TrajectoryGroup
-from ....core.types import TrainConfig
+from ...core import dev
+from ...core.errors import ConfigError
+from ...core.storage import replace_dir_atomic
+from ...core.trajectories import TrajectoryGroup
+from ...core.types import TrainConfig
 from ..torch_thread import TorchThread
 from .registry import TrainedModel, on_training_model
 

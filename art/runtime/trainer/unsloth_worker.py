@@ -3,7 +3,7 @@
 Run by `unsloth_trainer.UnslothTrainer` with `.venv-unsloth`'s interpreter (Unsloth pins a
 transformers and a TRL older than the service's), with only the `art` package on its path:
 
-    python -P -m art.backends.local.trainer.unsloth_worker <read fd> <write fd>
+    python -P -m art.runtime.trainer.unsloth_worker <read fd> <write fd>
 
 It reads requests from one pipe and answers on the other (`multiprocessing.connection`
 framing, plain JSON-like values only: the two interpreters share no classes). The first
@@ -35,10 +35,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ....core import dev
-from ....core.errors import ArtValueError, ConfigError, TrainingError
-from ....core.trajectories import Trajectory, TrajectoryGroup
-from ....core.types import TrainConfig
+from ...core import dev
+from ...core.errors import ArtValueError, ConfigError, TrainingError
+from ...core.trajectories import Trajectory, TrajectoryGroup
+from ...core.types import TrainConfig
 
 
 def setup(

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from .....core.errors import ConfigError
+from ....core.errors import ConfigError
 from ..base import (
     AdapterGone,
     EngineUnavailable,

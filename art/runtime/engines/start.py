@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ....core import dev
+from ...core import dev
 from ..models import ResolvedModel
 from .base import Engine, EngineName
 

@@ -5,7 +5,7 @@ each call is sent over a local socket and answered with a value or the exception
 raised (art's errors pickle as themselves). The child watches the socket: when the
 parent exits, even by SIGKILL, the socket closes and the child exits too.
 
-The child is a fresh `python -m art.backends.local.process`, not a multiprocessing
+The child is a fresh `python -m art.runtime.process`, not a multiprocessing
 spawn: spawn re-runs the parent's main script in the child, which breaks the common
 training script that has no `if __name__ == "__main__":` guard. The socket's key reaches
 it over its stdin, never its environment (readable in /proc), and the socket's temporary
@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from ...core.errors import BackendError
+from ..core.errors import BackendError
 
 
 def _child_main(connection: Connection, path: str) -> None:
@@ -154,7 +154,7 @@ def _start_child(directory: str, path: str) -> tuple[subprocess.Popen[bytes], Co
     authkey = secrets.token_bytes(32)
     with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
         process = subprocess.Popen(
-            [sys.executable, "-m", "art.backends.local.process", address, path],
+            [sys.executable, "-m", "art.runtime.process", address, path],
             stdin=subprocess.PIPE,
         )
         try:

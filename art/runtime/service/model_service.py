@@ -20,7 +20,7 @@ Jobs on the torch thread take only the engine's locks (4), so a caller may hold 
 while it waits for one.
 
 Its methods take and return plain JSON-like values, so the same object can be called
-in this process or, through `art.backends.local.process`, in a child process.
+in this process or, through `art.runtime.process`, in a child process.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ....core import dev
-from ....core.errors import ConfigError
-from ....core.registration import refuse_changed_config, refuse_changed_registration
-from ....core.storage import ModelStore, replace_dir_atomic
-from ....core.trajectories import TrajectoryGroup
-from ....core.types import TrainConfig
-from ....core.validation import check_trainable
+from ...core import dev
+from ...core.errors import ConfigError
+from ...core.registration import refuse_changed_config, refuse_changed_registration
+from ...core.storage import ModelStore, replace_dir_atomic
+from ...core.trajectories import TrajectoryGroup
+from ...core.types import TrainConfig
+from ...core.validation import check_trainable
 from .. import models
 from ..chat_format import chat_rendering
 from ..endpoint.response import Route, no_release

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 
-from .....core.errors import ConfigError
+from ....core.errors import ConfigError
 from ..base import EngineUnavailable
 
-_REPO = Path(__file__).resolve().parents[5]  # art/backends/local/engines/vllm/
+_REPO = Path(__file__).resolve().parents[4]  # art/runtime/engines/vllm/
 _LAUNCHER = Path(__file__).with_name("launcher.py")
 _START_TIMEOUT_S = 600.0  # a cold start compiles kernels and profiles memory
 INSTALL_HINT = (
