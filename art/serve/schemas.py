@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...core import dev
-from ...core.errors import ConfigError
-from ...core.types import TrainConfig
-from ...runtime.endpoint.server import ApiError
+from ..core import dev
+from ..core.errors import ConfigError
+from ..core.types import TrainConfig
+from ..runtime.endpoint.server import ApiError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...runtime.endpoint.server import ApiError
+from ..runtime.endpoint.server import ApiError
 from .access import ASGIApp, Message, Receive, Scope, Send, log_rejected
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ...core.storage import ModelStore
-from ...runtime.endpoint.server import ApiError, Route
-from ...runtime.service.model_service import ModelService, served_name
-from ..serverless import inference_name, parse_inference_name
+from ..backends.serverless import inference_name, parse_inference_name
+from ..core.storage import ModelStore
+from ..runtime.endpoint.server import ApiError, Route
+from ..runtime.service.model_service import ModelService, served_name
 from .access import current
 
 

@@ -15,16 +15,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ...core.errors import ArtValueError, ConfigError
-from ...core.registration import refuse_changed_registration
-from ...core.sft_data import check_file, read_file, spool_examples
-from ...core.storage import ModelStore, fork_checkpoint
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainSFTConfig
-from ...core.validation import check_trainable, coerce_groups
-from ...runtime.endpoint.server import ApiError
-from ...runtime.service.model_service import ModelService
-from ...runtime.service.placement import Placement
+from ..core.errors import ArtValueError, ConfigError
+from ..core.registration import refuse_changed_registration
+from ..core.sft_data import check_file, read_file, spool_examples
+from ..core.storage import ModelStore, fork_checkpoint
+from ..core.trajectories import TrajectoryGroup
+from ..core.types import TrainSFTConfig
+from ..core.validation import check_trainable, coerce_groups
+from ..runtime.endpoint.server import ApiError
+from ..runtime.service.model_service import ModelService
+from ..runtime.service.placement import Placement
 from .access import current
 from .errors import json_path
 from .jobs import TrainingJob

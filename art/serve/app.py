@@ -39,11 +39,11 @@ from fastapi import FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
-from ...core.errors import ConfigError
-from ...core.storage import ModelStore, check_split
-from ...core.validation import coerce_groups
-from ...runtime.endpoint.server import ApiError, build_app
-from ...runtime.service.placement import Placement
+from ..core.errors import ConfigError
+from ..core.storage import ModelStore, check_split
+from ..core.validation import coerce_groups
+from ..runtime.endpoint.server import ApiError, build_app
+from ..runtime.service.placement import Placement
 from .access import KeyStore, RequireKey, current
 from .errors import add_error_handlers
 from .jobs import TrainingJob

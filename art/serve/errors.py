@@ -10,9 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...core.errors import ArtValueError
-from ...core.sft_data import SFTDataError
-from ...runtime.endpoint.server import ApiError
+from ..core.errors import ArtValueError
+from ..core.sft_data import SFTDataError
+from ..runtime.endpoint.server import ApiError
 from .access import log_rejected
 
 

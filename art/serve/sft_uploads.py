@@ -16,7 +16,7 @@ import re
 import uuid
 from pathlib import Path
 
-from ...runtime.endpoint.server import ApiError
+from ..runtime.endpoint.server import ApiError
 
 URL_PREFIX = "art-serve:///sft-data/"
 _UPLOAD_ID = re.compile(r"^sft-data-[0-9a-f]{32}$")
