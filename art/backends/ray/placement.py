@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.errors import BackendError, ConfigError
-from ...runtime.engines.start import EngineSpec
+from ...runtime.engines.base import EngineSpec
 from ...runtime.engines.structured import Grammars
 from ...runtime.service.placement import TrainerSpec
 from .config import RayConfig

@@ -24,8 +24,8 @@ from typing import Any
 
 from ...core import dev
 from ...runtime import models
-from ...runtime.engines.base import Sample, SamplingParams
-from ...runtime.engines.start import EngineSpec, choose_engine, start_engine
+from ...runtime.engines.base import EngineSpec, Sample, SamplingParams
+from ...runtime.engines.start import choose_engine, start_engine
 
 _REMEMBERED_PROMPTS = 256
 _MAX_LORAS = 8

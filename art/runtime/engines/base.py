@@ -29,8 +29,10 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
+from ...core import dev
+from ..models import ResolvedModel
 from .structured import Grammar, Grammars
 
 OnToken = Callable[[int, int], None]  # (sequence index within the request, token id)
@@ -131,6 +133,21 @@ class Engine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine for one base model needs to start; each engine's start function
+    takes one (`start.py` picks which)."""
+
+    resolved: ResolvedModel
+    config: dev.InternalModelConfig
+    tokenizer: Any
+    dtype: str
+    context_length: int
+    stop_token_ids: frozenset[int]
+    log_path: Path  # where an engine with a child server writes its log
+    max_loras: int  # adapters an engine with a fixed number of LoRA slots must hold at once
+
+
 def text_until_stop(text: str, stop: tuple[str, ...]) -> str | None:
     """`text` cut before the earliest stop string in it; None if it holds none."""
     hits = [text.find(s) for s in stop if s in text]
@@ -141,6 +158,7 @@ __all__ = [
     "AdapterGone",
     "Engine",
     "EngineName",
+    "EngineSpec",
     "EngineUnavailable",
     "OnToken",
     "Sample",

@@ -7,30 +7,13 @@ environment, and every `EngineArgs` field is honoured the same way by both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core import dev
-from ..models import ResolvedModel
-from .base import Engine, EngineName
+from .base import Engine, EngineName, EngineSpec
 
 if TYPE_CHECKING:
     from ..torch_thread import TorchThread
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What an engine for one base model needs to start."""
-
-    resolved: ResolvedModel
-    config: dev.InternalModelConfig
-    tokenizer: Any
-    dtype: str
-    context_length: int
-    stop_token_ids: frozenset[int]
-    log_path: Path  # where an engine with a child server writes its log
-    max_loras: int  # adapters an engine with a fixed number of LoRA slots must hold at once
 
 
 def choose_engine(config: dev.InternalModelConfig) -> EngineName:
@@ -78,4 +61,4 @@ def start_engine(
     return start_transformers_engine(spec, training_model, thread)
 
 
-__all__ = ["EngineSpec", "choose_engine", "require_engine", "start_engine"]
+__all__ = ["choose_engine", "require_engine", "start_engine"]

@@ -46,9 +46,9 @@ from .. import models
 from ..chat_format import chat_rendering
 from ..endpoint.response import Route, no_release
 from ..endpoint.server import build_app
-from ..engines.base import Engine
+from ..engines.base import Engine, EngineSpec
 from ..engines.config_support import is_cpu_dedicated
-from ..engines.start import EngineSpec, require_engine, start_engine
+from ..engines.start import require_engine, start_engine
 from ..torch_thread import shared as torch_thread
 from .checkpoints import CheckpointCache
 from .placement import Placement, Trainer, TrainerSpec

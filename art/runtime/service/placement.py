@@ -19,8 +19,7 @@ from ...core import dev
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import TrainConfig
 from ..chat_format import ChatRendering
-from ..engines.base import Engine
-from ..engines.start import EngineSpec
+from ..engines.base import Engine, EngineSpec
 from ..models import ResolvedModel
 
 

@@ -43,8 +43,7 @@ import torch
 
 from ... import models
 from ...torch_thread import TorchThread, shared
-from ..base import AdapterGone, OnToken, Sample, SamplingParams
-from ..start import EngineSpec
+from ..base import AdapterGone, EngineSpec, OnToken, Sample, SamplingParams
 from ..structured import Grammars
 from .batch import Batch, BatchDecoder, join
 from .lean_decode import LeanDecoder

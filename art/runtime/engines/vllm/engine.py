@@ -33,13 +33,13 @@ import httpx
 from ....core.errors import ConfigError
 from ..base import (
     AdapterGone,
+    EngineSpec,
     EngineUnavailable,
     OnToken,
     Sample,
     SamplingParams,
     text_until_stop,
 )
-from ..start import EngineSpec
 from ..structured import Grammars
 from .server import ServerArgs, VLLMServer, require_vllm_python
 
