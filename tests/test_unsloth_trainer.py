@@ -23,7 +23,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.trainer.unsloth_trainer import INSTALL_HINT, find_unsloth_python
 

@@ -24,7 +24,7 @@ import torch
 from openai import APIStatusError, AsyncOpenAI
 
 import art
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 

@@ -40,7 +40,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
 from ..core.errors import ConfigError
-from ..core.storage import ModelStore, check_split
+from ..core.log_checks import check_split
+from ..core.model_store import ModelStore
 from ..core.validation import coerce_groups
 from ..runtime.endpoint.server import ApiError, build_app
 from ..runtime.service.placement import Placement

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from ..backends.serverless import inference_name, parse_inference_name
-from ..core.storage import ModelStore
+from ..core.model_store import ModelStore
 from ..runtime.endpoint.server import ApiError, Route
 from ..runtime.service.model_service import ModelService, served_name
 from .access import current

@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..core.errors import ArtValueError, ConfigError
+from ..core.model_store import ModelStore, fork_checkpoint
 from ..core.registration import refuse_changed_registration
 from ..core.sft_data import check_file, read_file, spool_examples
-from ..core.storage import ModelStore, fork_checkpoint
 from ..core.trajectories import TrajectoryGroup
 from ..core.types import TrainSFTConfig
 from ..core.validation import check_trainable, coerce_groups

@@ -13,9 +13,9 @@ from ...core import dev
 from ...core.backend import InferenceEndpoint
 from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
+from ...core.model_store import ModelStore, fork_checkpoint
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.storage import ModelStore, fork_checkpoint
 from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from ...core import dev
+from ...core.atomic import replace_dir_atomic
 from ...core.errors import ConfigError
+from ...core.model_store import ModelStore
 from ...core.registration import refuse_changed_config, refuse_changed_registration
-from ...core.storage import ModelStore, replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from ...core.validation import check_trainable

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...core import dev
-from ...core.storage import ModelStore, WriterLock
+from ...core.model_store import ModelStore
+from ...core.writer_lock import WriterLock
 from ..chat_format import ChatRendering
 from ..engines.base import Engine
 from ..torch_thread import TorchThread

@@ -20,9 +20,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ...core import dev
+from ...core.atomic import replace_dir_atomic
 from ...core.errors import ConfigError, TrainingError
 from ...core.sft_data import SFTDataError, read_spool
-from ...core.storage import replace_dir_atomic
 from ...core.trajectories import Trajectory
 from ..torch_thread import TorchThread
 from ..trainer.tokenize import tokenize_trajectory

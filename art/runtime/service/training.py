@@ -15,8 +15,8 @@ backend trained meanwhile) is refused rather than written on a stale lineage.
 from __future__ import annotations
 
 from ...core import dev
+from ...core.atomic import replace_dir_atomic
 from ...core.errors import ConfigError
-from ...core.storage import replace_dir_atomic
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from ..torch_thread import TorchThread

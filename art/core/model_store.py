@@ -7,10 +7,9 @@
 
     .lock                                    the writer lock of the process training it
 
-Every write goes to a temporary file in the same directory and is renamed into place,
-so a crash leaves either the old file or the new one, never half of one. The new data is
-fsynced before the rename and the directory after it, so a power loss cannot publish a
-name whose contents never reached the disk, nor forget a rename that was reported done.
+`ModelStore` reads and writes these; every write is atomic (`atomic.py`), a training
+process holds the writer lock (`writer_lock.py`), and what a log call writes is checked
+first (`log_checks.py`).
 """
 
 from __future__ import annotations
@@ -20,188 +19,18 @@ import math
 import os
 import re
 import shutil
-import socket
-import tempfile
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ModelInUseError, StorageError, TrajectoryValidationError
+from .atomic import atomic_path, replace_dir_atomic, write_text_atomic
+from .errors import ConfigError
+from .log_checks import SPLIT_NAME, check_logged_groups, check_metrics, check_split
 from .trajectories import TrajectoryGroup
+from .writer_lock import WriterLock, take_writer_lock
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
-# Columns every history row has, which no logged metric may overwrite.
-RESERVED_METRICS = frozenset({"step", "recorded_at"})
-_SPLIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make the entries of `directory` (creations, renames) durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """Sync every file under `root`, then every directory bottom-up, `root` last."""
-    for directory, _, files in os.walk(root, topdown=False):
-        for name in files:
-            fsync_file(Path(directory, name))
-        fsync_dir(Path(directory))
-
-
-@contextmanager
-def atomic_path(target: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; rename it onto `target` if the block succeeds."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        # mkstemp's file is mode 0600; made again, it gets the mode of any file the user
-        # writes (the umask applied), so a page or a history is readable like the rest.
-        tmp.unlink()
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        yield tmp
-        fsync_file(tmp)  # the writer may not have synced (Parquet, HTML reports)
-        os.replace(tmp, target)
-        fsync_dir(target.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text_atomic(target: Path, text: str) -> None:
-    with atomic_path(target) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
-def replace_dir_atomic(target: Path, fill: Callable[[Path], None]) -> None:
-    """Build a directory with `fill(tmp_dir)` and rename it onto `target` in one step.
-
-    A write the disk refuses (an `OSError`: a full disk, a quota, a permission) raises
-    `StorageError` naming the directory, the reason, the free space and the space needed;
-    the temporary directory is removed and `target` is left as it was. `fill` should
-    write through Python file objects: torch and safetensors given a path raise their
-    own errors instead (`RuntimeError: ... unexpected pos` for a full disk).
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        try:
-            tmp.rmdir()  # mkdtemp's is mode 0700: made again, the umask applies
-            tmp.mkdir()
-            fill(tmp)
-            fsync_tree(tmp)
-        except OSError as error:
-            raise _write_failure(target, tmp, error) from error
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            fsync_dir(target.parent)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-            fsync_dir(target.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_failure(target: Path, tmp: Path, error: OSError) -> StorageError:
-    """The error for `error`, raised while filling `tmp` for `target`. Removes `tmp` first,
-    so the free space it reports is what the failed write left."""
-    written = _tree_size(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
-    free = shutil.disk_usage(target.parent).free
-    previous = _previous_version(target)
-    if previous is not None:
-        needed: int | None = _tree_size(previous)
-        estimate = f"about {needed:,} bytes (the size of {previous}, the one before it)"
-    else:
-        needed = None
-        estimate = f"more than the {written:,} bytes written before it failed"
-    return StorageError(
-        f"cannot write {target}: {error.strerror or error}. Its filesystem has {free:,} "
-        f"bytes free; the write needs {estimate}. Free space there (or point the "
-        f"backend's `path` at a larger disk) and try again: nothing already saved changed",
-        path=str(target),
-        free_bytes=free,
-        needed_bytes=needed,
-    )
-
-
-def _previous_version(target: Path) -> Path | None:
-    """`target` as it is, or else the last directory beside it by name (checkpoints are
-    named by step, so: the previous checkpoint); None when there is neither."""
-    if target.is_dir():
-        return target
-    siblings = [
-        entry
-        for entry in target.parent.iterdir()
-        if entry.is_dir() and not entry.name.startswith(".")
-    ]
-    return max(siblings, default=None)
-
-
-def _tree_size(root: Path) -> int:
-    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
-
-
-def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None:
-    """Refuse a metric a history row cannot hold: a reserved or empty name, or a non-number."""
-    for key, value in metrics.items():
-        if not isinstance(key, str) or not key.strip():
-            raise ConfigError(
-                where, f"metric name {key!r} is not a non-empty string", "Name every metric"
-            )
-        if key in RESERVED_METRICS:
-            raise ConfigError(
-                f"{where}[{key!r}]",
-                f"{key!r} is a column every history row already has",
-                "Pass the step as `step=`, and give the metric another name",
-            )
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(
-                f"{where}[{key!r}]",
-                f"a metric must be a number (int, float or bool), got {type(value).__name__}",
-                "Log plain numbers (`float(value)` for numpy or torch scalars); put text in a "
-                "trajectory's metadata",
-            )
-
-
-def check_logged_groups(groups: list[TrajectoryGroup], where: str = "trajectory_groups") -> None:
-    """Refuse a group with neither trajectories nor exceptions: it records nothing."""
-    for index, group in enumerate(groups):
-        if not group.trajectories and not group.exceptions:
-            raise TrajectoryValidationError(
-                f"{where}[{index}]",
-                "the group is empty",
-                "Give every group at least one trajectory, or leave the group out",
-            )
-
-
-def check_split(split: str) -> str:
-    if not isinstance(split, str) or not _SPLIT.match(split):
-        raise ConfigError(
-            "split",
-            f"{split!r} cannot be used as a directory name",
-            "Use letters, digits, '_' or '-', such as 'train' or 'val'",
-        )
-    return split
 
 
 class ModelStore:
@@ -247,7 +76,7 @@ class ModelStore:
         as good as that filesystem's `flock`.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
-        return _take_writer_lock(self.lock_path.resolve())
+        return take_writer_lock(self.lock_path.resolve())
 
     # --- steps and checkpoints ------------------------------------------------------------
 
@@ -385,7 +214,7 @@ class ModelStore:
         return sorted(
             entry.name
             for entry in root.iterdir()
-            if entry.is_dir() and _SPLIT.match(entry.name) and self.logged_steps(entry.name)
+            if entry.is_dir() and SPLIT_NAME.match(entry.name) and self.logged_steps(entry.name)
         )
 
     def logged_steps(self, split: str) -> list[int]:
@@ -447,98 +276,6 @@ def fork_checkpoint(
     return source_dir
 
 
-class WriterLock:
-    """One hold on a model's writer lock (`ModelStore.hold_writer_lock`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._released = False
-
-    def release(self) -> None:
-        """Give this hold up; the lock is freed when the process's last hold is. Idempotent."""
-        if self._released:
-            return
-        self._released = True
-        _drop_writer_lock(self.path)
-
-    def __enter__(self) -> WriterLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-# Writer locks this process holds: lock file -> [open descriptor, holds]. A flock belongs
-# to an open file, so a second open() of the file in this process would be refused too:
-# holds in one process share one descriptor.
-_HELD: dict[Path, list[int]] = {}
-_HELD_LOCK = threading.Lock()
-
-
-def _take_writer_lock(path: Path) -> WriterLock:
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock
-        return WriterLock(path)
-    with _HELD_LOCK:
-        held = _HELD.get(path)
-        if held is not None:
-            held[1] += 1
-            return WriterLock(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise ModelInUseError(str(path.parent), *holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        owner = {"pid": os.getpid(), "host": socket.gethostname()}
-        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
-        _HELD[path] = [fd, 1]
-        return WriterLock(path)
-
-
-def _drop_writer_lock(path: Path) -> None:
-    with _HELD_LOCK:
-        held = _HELD.get(path)
-        if held is None:  # Windows, or a hold inherited through fork
-            return
-        held[1] -= 1
-        if held[1]:
-            return
-        del _HELD[path]
-        os.ftruncate(held[0], 0)  # no holder named once it is free
-        os.close(held[0])  # frees the flock
-
-
-def _read_holder(fd: int) -> tuple[int | None, str | None]:
-    """The pid and host the holder wrote (None: not written yet, or unreadable)."""
-    try:
-        owner = json.loads(os.pread(fd, 4096, 0))
-        return int(owner["pid"]), str(owner["host"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-
-
-def _forget_held_locks() -> None:
-    # A forked child shares the parent's open files but is not the process that trains;
-    # closing its copies leaves the parent's lock in place. Another thread may have held
-    # `_HELD_LOCK` at the fork, so the child gets a new one.
-    global _HELD_LOCK
-    _HELD_LOCK = threading.Lock()
-    for fd, _ in _HELD.values():
-        os.close(fd)
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_held_locks)
-
-
 def list_projects(base_path: str | os.PathLike[str]) -> list[str]:
     """Projects under a backend's `path`: directories holding a `models/` directory."""
     root = Path(base_path)
@@ -562,18 +299,4 @@ def _fingerprint(group: TrajectoryGroup) -> str:
     return json.dumps(group.model_dump(mode="json"), sort_keys=True)
 
 
-__all__ = [
-    "RESERVED_METRICS",
-    "ModelStore",
-    "WriterLock",
-    "atomic_path",
-    "check_logged_groups",
-    "check_metrics",
-    "check_split",
-    "fsync_dir",
-    "fsync_tree",
-    "list_models",
-    "list_projects",
-    "replace_dir_atomic",
-    "write_text_atomic",
-]
+__all__ = ["ModelStore", "fork_checkpoint", "list_models", "list_projects"]
