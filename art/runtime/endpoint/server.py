@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP endpoint (`/v1/chat/completions`, `/v1/models`).
 
-The request schema and its errors are in `openai_request.py`, the answers (whole or
-streamed) in `openai_response.py`; here are the app, the tool-call policy (`_prepare`)
-and the choice of grammar (`_grammar`). Bad requests get a 4xx in OpenAI's error shape
+The request schema and its errors are in `request.py`, the answers (whole or streamed)
+in `response.py`; here are the app, the tool-call policy (`_prepare`) and the choice of
+grammar (`_grammar`). Bad requests get a 4xx in OpenAI's error shape
 naming the parameter; the server keeps serving.
 
 Nothing heavy runs on the event loop: the body is parsed, the chat template rendered and

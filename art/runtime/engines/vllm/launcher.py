@@ -1,6 +1,6 @@
 """Runs vLLM's OpenAI server so that it dies with the process that started it.
 
-Started by `vllm_server.VLLMServer` with the vLLM environment's interpreter, by path (that
+Started by `server.VLLMServer` with the vLLM environment's interpreter, by path (that
 environment does not have `art` installed), with `-P` so that this file's folder, whose
 `tokenize.py` would shadow the standard library's, is not on `sys.path`. It uses the
 standard library only. It
