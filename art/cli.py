@@ -113,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .backends.server import build_server_app
+    from .serve import build_server_app
 
     app = build_server_app(
         args.path,

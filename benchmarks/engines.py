@@ -35,8 +35,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 import art
-from art.backends.local import models
 from art.local import LocalBackend
+from art.runtime import models
 
 ROOT = Path(__file__).resolve().parent.parent
 

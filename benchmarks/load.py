@@ -163,7 +163,7 @@ async def main() -> None:
 
 
 def art_default() -> str:
-    from art.backends.local.models import DEFAULT_MODEL
+    from art.runtime.models import DEFAULT_MODEL
 
     return DEFAULT_MODEL
 

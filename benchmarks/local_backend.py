@@ -50,13 +50,13 @@ os.environ.setdefault("WANDB_MODE", "offline")
 import torch
 
 import art
-from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, rendering_for
-from art.backends.local.service.model_service import _stop_token_ids  # the engine's own stop rule
-from art.backends.local.trainer.peft_trainer import lora_config
 from art.core.dev import PeftArgs
 from art.core.gather import completion_tokens
 from art.local import LocalBackend
+from art.runtime import models
+from art.runtime.chat_format import render_prompt, rendering_for
+from art.runtime.service.model_service import _stop_token_ids  # the engine's own stop rule
+from art.runtime.trainer.peft_trainer import lora_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,12 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from art.backends.local import models
-from art.backends.local.engines.base import SamplingParams
-from art.backends.local.engines.transformers.engine import TransformersEngine
-from art.backends.local.engines.transformers.merged import MergedCopy
-from art.backends.local.trainer.peft_trainer import add_adapter
 from art.core.dev import PeftArgs
+from art.runtime import models
+from art.runtime.engines.base import SamplingParams
+from art.runtime.engines.transformers.engine import TransformersEngine
+from art.runtime.engines.transformers.merged import MergedCopy
+from art.runtime.trainer.peft_trainer import add_adapter
 
 QUESTIONS = [
     "Write a poem about the sea.",

@@ -9,7 +9,7 @@ no weight decay, gradient norm clipped at 1, constant rate), the loss the mean n
 log-likelihood of every assistant token of the batch.
 
 - ours: `PeftTrainer.sft_step` per batch, as the model service calls it
-  (`art/backends/local/service/sft.py`), on the model loaded as the service loads it, with
+  (`art/runtime/service/sft.py`), on the model loaded as the service loads it, with
   the service's chat template. Rendering and tokenizing each batch is part of that call,
   so it is inside our timed loop.
 - TRL: `SFTTrainer` with `completion_only_loss=True`, handed the token ids and assistant
@@ -57,7 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import art
-from art.backends.local import models
+from art.runtime import models
 
 TRL_MISSING = "TRL is not installed: pip install -c constraints.txt -e '.[bench]'"
 
@@ -160,9 +160,9 @@ def _progress(side: str, step: int, args: BenchArgs, started: float) -> None:
 
 def ours(args: BenchArgs) -> SideResult:
     """`PeftTrainer.sft_step` per batch on the model and template the service would load."""
-    from art.backends.local.chat_format import rendering_for
-    from art.backends.local.trainer.peft_trainer import PeftTrainer, add_adapter
-    from art.backends.local.trainer.tokenize import tokenize_trajectory
+    from art.runtime.chat_format import rendering_for
+    from art.runtime.trainer.peft_trainer import PeftTrainer, add_adapter
+    from art.runtime.trainer.tokenize import tokenize_trajectory
 
     model, tokenizer = models.load(models.resolve(models.DEFAULT_MODEL))
     trainer_args = art.dev.TrainerArgs()
@@ -222,9 +222,9 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from art.backends.local.chat_format import rendering_for
-    from art.backends.local.trainer.peft_trainer import lora_config
-    from art.backends.local.trainer.tokenize import tokenize_trajectory
+    from art.runtime.chat_format import rendering_for
+    from art.runtime.trainer.peft_trainer import lora_config
+    from art.runtime.trainer.tokenize import tokenize_trajectory
 
     class Clock(TrainerCallback):
         """The wall time at the start of training and at the end of each step; each

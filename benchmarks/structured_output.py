@@ -27,12 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from art.backends.local import models
-from art.backends.local.chat_format import render_prompt, rendering_for
-from art.backends.local.engines.base import SamplingParams
-from art.backends.local.engines.structured import Grammars
-from art.backends.local.engines.transformers.engine import TransformersEngine
-from art.backends.local.service.model_service import _stop_token_ids  # the engine's own stop rule
+from art.runtime import models
+from art.runtime.chat_format import render_prompt, rendering_for
+from art.runtime.engines.base import SamplingParams
+from art.runtime.engines.structured import Grammars
+from art.runtime.engines.transformers.engine import TransformersEngine
+from art.runtime.service.model_service import _stop_token_ids  # the engine's own stop rule
 
 # The shape of a RULER judgement: one object per trajectory, ids, explanations, scores.
 SCHEMA = {

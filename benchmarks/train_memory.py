@@ -48,8 +48,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import art
-from art.backends.local import models
 from art.local import LocalBackend
+from art.runtime import models
 
 _FILLER = (
     "Let me think about the weather data step by step. The tool returned the temperature, "
@@ -239,8 +239,8 @@ def trl_child(trajectories: int, completion_tokens: int) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from art.backends.local.trainer.peft_trainer import lora_config
     from art.core.dev import PeftArgs
+    from art.runtime.trainer.peft_trainer import lora_config
 
     tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
     answers = []

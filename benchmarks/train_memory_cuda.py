@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_memory import agent_trajectory  # the same trajectories as the CPU benchmark
 
 import art
-from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
-from art.backends.local.trainer.tokenize import tokenize_trajectory
+from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
+from art.runtime.trainer.tokenize import tokenize_trajectory
 
 # Llama-3.2-1B's decoder (hidden, intermediate, layers, heads, kv heads).
 _SHAPE = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16}
@@ -137,7 +137,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     if args.tokenizer is None:
-        from art.backends.local import models
+        from art.runtime import models
 
         args.tokenizer = str(models.default_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -11,7 +11,7 @@ with their own requirements here:
   index bring a torch other than the CPU build installed first; text training needs none
   of them, so they are left out, as is torch itself (installed first, then constrained).
 Then come the trainer's own imports from `art` (pydantic, safetensors, ...), which the child
-process imports with `art` on its path (`art/backends/local/trainer/unsloth_trainer.py`).
+process imports with `art` on its path (`art/runtime/trainer/unsloth_trainer.py`).
 """
 
 from __future__ import annotations

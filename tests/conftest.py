@@ -207,7 +207,7 @@ def default_model() -> tuple[Any, Any]:
     Session-wide and shared: a test that wraps the model (LoRA) must wrap a copy. fp32, so
     tests can compare numbers tightly whatever dtype the hardware would pick.
     """
-    from art.backends.local.models import DEFAULT_MODEL, load, resolve
+    from art.runtime.models import DEFAULT_MODEL, load, resolve
 
     return load(resolve(DEFAULT_MODEL), "float32")
 

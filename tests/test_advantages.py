@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from art.backends.local.trainer.advantages import balanced, group_advantages
+from art.runtime.trainer.advantages import balanced, group_advantages
 
 
 def test_unscaled_advantages_are_rewards_minus_the_group_mean() -> None:

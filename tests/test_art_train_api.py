@@ -497,7 +497,7 @@ async def test_each_training_option_changes_the_step_it_is_given_to(
 async def test_the_learning_rate_follows_the_number_of_trajectories_trained(
     backend: LocalBackend,
 ) -> None:
-    from art.backends.local.trainer.advantages import group_advantages
+    from art.runtime.trainer.advantages import group_advantages
 
     model = art.TrainableModel(name="rate-power", project="train-api", base_model=BASE)
     await model.register(backend)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from art.backends.local.engines.vllm.server import INSTALL_HINT, find_vllm_python
-from art.backends.local.trainer.unsloth_trainer import INSTALL_HINT as UNSLOTH_HINT
-from art.backends.local.trainer.unsloth_trainer import find_unsloth_python
+from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
+from art.runtime.trainer.unsloth_trainer import INSTALL_HINT as UNSLOTH_HINT
+from art.runtime.trainer.unsloth_trainer import find_unsloth_python
 
 ROOT = Path(__file__).resolve().parent.parent
 

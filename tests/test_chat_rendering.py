@@ -16,14 +16,14 @@ import pytest
 from transformers import AutoTokenizer
 
 import art
-from art.backends.local import models
-from art.backends.local.chat_format import (
+from art.runtime import models
+from art.runtime.chat_format import (
     TOOL_CHATML_TEMPLATE,
     ChatRendering,
     chat_rendering,
     render_prompt,
 )
-from art.backends.local.trainer.tokenize import tokenize_trajectory
+from art.runtime.trainer.tokenize import tokenize_trajectory
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Reads a message's content as parts, a template variable, and the first tool's schema.

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import torch
 
-from art.backends.local.engines.base import SamplingParams
-from art.backends.local.engines.transformers import kv_cache, sampling
-from art.backends.local.engines.transformers.engine import TransformersEngine
-from art.backends.local.engines.transformers.lean_decode import LeanDecoder
-from art.backends.local.engines.transformers.merged import MergedCopy
-from art.backends.local.engines.transformers.prefix_cache import PrefixCache
-from art.backends.local.trainer.peft_trainer import add_adapter
 from art.core.dev import PeftArgs
+from art.runtime.engines.base import SamplingParams
+from art.runtime.engines.transformers import kv_cache, sampling
+from art.runtime.engines.transformers.engine import TransformersEngine
+from art.runtime.engines.transformers.lean_decode import LeanDecoder
+from art.runtime.engines.transformers.merged import MergedCopy
+from art.runtime.engines.transformers.prefix_cache import PrefixCache
+from art.runtime.trainer.peft_trainer import add_adapter
 
 DRAWS = 40_000
 
@@ -321,8 +321,8 @@ def test_merge_lora_and_rollout_weights_mode_refuse_what_cannot_merge(
     targets: tuple[str, ...],
 ) -> None:
     import art
-    from art.backends.local.engines.config_support import check_supported
     from art.core.errors import ConfigError
+    from art.runtime.engines.config_support import check_supported
 
     config = art.dev.InternalModelConfig(
         engine_args=art.dev.EngineArgs(merge_lora=True),

@@ -20,8 +20,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import art
-from art.backends.local.trainer.peft_trainer import PeftTrainer, add_adapter
-from art.core.storage import ModelStore, replace_dir_atomic
+from art.core.atomic import replace_dir_atomic
+from art.core.model_store import ModelStore
+from art.runtime.trainer.peft_trainer import PeftTrainer, add_adapter
 
 PAGE = 4096  # tmpfs stores whole pages
 

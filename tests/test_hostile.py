@@ -25,9 +25,9 @@ import pytest
 import pytest_asyncio
 
 import art
-from art.backends.local.engines.transformers.engine import TransformersEngine
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
+from art.runtime.engines.transformers.engine import TransformersEngine
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WAIT_S = 300.0  # how long a condition may take on a loaded 2-core machine before it fails
@@ -60,7 +60,7 @@ async def served(backend: LocalBackend) -> art.TrainableModel:
 
 @pytest.fixture
 def engine(backend: LocalBackend, served: art.TrainableModel) -> TransformersEngine:
-    from art.backends.local.service.model_service import ModelService
+    from art.runtime.service.model_service import ModelService
 
     service = backend._model_service()
     assert isinstance(service, ModelService)
@@ -177,8 +177,8 @@ async def test_a_request_whose_callback_raises_or_whose_seed_torch_refuses_fails
     backend: LocalBackend, served: art.TrainableModel, engine: TransformersEngine
 ) -> None:
     """Straight at the engine, past the endpoint's checks: the neighbours still finish."""
-    from art.backends.local.engines.base import SamplingParams
-    from art.backends.local.service.model_service import ModelService
+    from art.runtime.engines.base import SamplingParams
+    from art.runtime.service.model_service import ModelService
 
     service = backend._model_service()
     assert isinstance(service, ModelService)
@@ -469,7 +469,7 @@ async def test_a_dead_service_child_is_named_on_the_next_call_inference_included
             max_tokens=2,  # type: ignore[arg-type]
         )
         assert answer.choices[0].message.role == "assistant"
-        from art.backends.local.process import ServiceProcess
+        from art.runtime.process import ServiceProcess
 
         service = backend._model_service()
         assert isinstance(service, ServiceProcess)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 import art
 from art.core.gather import completion_tokens
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.langgraph import init_chat_model, wrap_rollout
 from art.local import LocalBackend
 

@@ -246,7 +246,7 @@ async def test_settings_the_local_engine_cannot_honour_are_refused_at_register(
 async def test_the_unsloth_trainer_without_its_environment_is_refused_naming_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from art.backends.local.trainer import unsloth_trainer
+    from art.runtime.trainer import unsloth_trainer
 
     backend = LocalBackend(path=tmp_path / ".art", in_process=True)
     model = art.TrainableModel(
@@ -316,7 +316,7 @@ async def test_a_custom_chat_template_renders_prompts_and_training(tmp_path: Pat
             choices.append((completion.choices[0], reward))
         from transformers import AutoTokenizer
 
-        from art.backends.local import models
+        from art.runtime import models
 
         tokenizer = AutoTokenizer.from_pretrained(models.resolve(BASE).weights)
         prompt = tokenizer.decode((choices[0][0].model_extra or {})["prompt_token_ids"])
@@ -362,7 +362,7 @@ async def test_arts_template_keys_and_rollout_weights_mode_reach_the_endpoint(
     endpoint samples from shows the first two, the engine's sampling copy the third."""
     from transformers import AutoTokenizer
 
-    from art.backends.local import models
+    from art.runtime import models
 
     backend = LocalBackend(path=tmp_path / ".art", in_process=True)
     try:

@@ -102,7 +102,7 @@ async def test_the_sampled_ids_decode_to_the_returned_text(served: art.Trainable
     choice = completion.choices[0]
     from transformers import AutoTokenizer
 
-    from art.backends.local.models import default_model_dir
+    from art.runtime.models import default_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
     decoded = tokenizer.decode((choice.model_extra or {})["token_ids"], skip_special_tokens=True)

@@ -10,7 +10,7 @@ import pytest
 from helpers import WEATHER_TOOL, tool_trajectory
 
 import art
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
 
 

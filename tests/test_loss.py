@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import art
-from art.backends.local.trainer.loss import (
+from art.runtime.trainer.loss import (
     LossConfig,
     grpo_loss,
     importance_ratio,

@@ -19,7 +19,7 @@ import pytest
 
 import art
 from art.core.errors import ModelInUseError
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the writer lock is POSIX")
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the writer lock
 _CHILD = """
 import sys
 from art.core.errors import ModelInUseError
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 try:
     lock = ModelStore(sys.argv[1], "project", "agent").hold_writer_lock()
 except ModelInUseError as error:

@@ -21,12 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 import art
-from art.backends.local import models
-from art.backends.local.service.placement import TrainerSpec
 from art.backends.ray import RayBackend, RayConfig
 from art.backends.ray.sticky import StickyTable
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.pipeline_trainer import PipelineTrainer
+from art.runtime import models
+from art.runtime.service.placement import TrainerSpec
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -22,10 +22,10 @@ import pytest_asyncio
 from openai import NotFoundError
 
 import art
-from art.backends.local.service.registry import on_training_model
-from art.backends.server.schemas import ModelCreate
-from art.backends.server.state import ArtServer
 from art.local import LocalBackend
+from art.runtime.service.registry import on_training_model
+from art.serve.schemas import ModelCreate
+from art.serve.state import ArtServer
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEADLINE_S = 600  # liveness only: far above what any of this takes on 2 cores

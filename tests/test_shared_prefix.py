@@ -12,12 +12,12 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.trainer.batching import MicroBatch
-from art.backends.local.trainer.loss import LossConfig, grpo_loss
-from art.backends.local.trainer.memory import GIB, StepMemory
-from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
-from art.backends.local.trainer.shared_prefix import PrefixTree, distinct_tokens
-from art.backends.local.trainer.tokenize import TrainingSequence, tokenize_trajectory
+from art.runtime.trainer.batching import MicroBatch
+from art.runtime.trainer.loss import LossConfig, grpo_loss
+from art.runtime.trainer.memory import GIB, StepMemory
+from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
+from art.runtime.trainer.shared_prefix import PrefixTree, distinct_tokens
+from art.runtime.trainer.tokenize import TrainingSequence, tokenize_trajectory
 
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 SYSTEM = "You are a calculator. Reply with the number only."

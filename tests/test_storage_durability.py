@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from art.core.storage import replace_dir_atomic, write_text_atomic
+from art.core.atomic import replace_dir_atomic, write_text_atomic
 
 
 class _Syscalls:
@@ -78,7 +78,8 @@ def test_an_atomic_file_write_syncs_the_file_then_its_directory(
 
 _WRITES = """
 from pathlib import Path
-from art.core.storage import ModelStore, replace_dir_atomic, write_text_atomic
+from art.core.atomic import replace_dir_atomic, write_text_atomic
+from art.core.model_store import ModelStore
 
 root = Path("run")
 store = ModelStore(root, "project", "model")

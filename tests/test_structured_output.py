@@ -240,7 +240,7 @@ async def test_a_bad_schema_is_a_400_naming_response_format_and_serving_goes_on(
 
 
 def test_each_distinct_schema_compiles_once(default_model: tuple[Any, Any]) -> None:
-    from art.backends.local.engines.structured import Grammars
+    from art.runtime.engines.structured import Grammars
 
     grammars = Grammars(default_model[1], {2})
     first = grammars.json_schema(MOVIE)

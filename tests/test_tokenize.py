@@ -9,8 +9,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.trainer.tokenize import TrainingSequence, tokenize_trajectory, truncate
 from art.core.errors import TrainingError
+from art.runtime.trainer.tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER_1 = {"role": "user", "content": "Say hello."}

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from art.backends.local.chat_format import parse_tool_calls
-from art.backends.local.endpoint.request import ChatCompletionRequest
-from art.backends.local.endpoint.response import Job, Route, _choice
-from art.backends.local.engines.base import Sample, SamplingParams
+from art.runtime.chat_format import parse_tool_calls
+from art.runtime.endpoint.request import ChatCompletionRequest
+from art.runtime.endpoint.response import Job, Route, _choice
+from art.runtime.engines.base import Sample, SamplingParams
 
 NOTE = {"text": "close it with </tool_call> then <tool_call>{} done"}
 ARGUMENTS = json.dumps(NOTE)

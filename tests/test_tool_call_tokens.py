@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from art.backends.local.endpoint.request import ChatCompletionRequest
-from art.backends.local.endpoint.response import Job, Route, _choice
-from art.backends.local.engines.base import Sample, SamplingParams
+from art.runtime.endpoint.request import ChatCompletionRequest
+from art.runtime.endpoint.response import Job, Route, _choice
+from art.runtime.engines.base import Sample, SamplingParams
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from art.backends.local import torch_thread
-from art.backends.local.engines.base import SamplingParams
-from art.backends.local.engines.transformers.engine import TransformersEngine
+from art.runtime import torch_thread
+from art.runtime.engines.base import SamplingParams
+from art.runtime.engines.transformers.engine import TransformersEngine
 
 
 def _engine(model: Any, tokenizer: Any) -> TransformersEngine:

@@ -20,15 +20,15 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.chat_format import render_prompt, rendering_for
-from art.backends.local.trainer import memory
-from art.backends.local.trainer.batching import MicroBatch, pack
-from art.backends.local.trainer.logprobs import output_head, sampled_logprobs
-from art.backends.local.trainer.memory import GIB, PeakMemory, StepMemory, large_frees_returned
-from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
-from art.backends.local.trainer.tokenize import tokenize_trajectory
 from art.core.errors import TrainingError
 from art.local import LocalBackend
+from art.runtime.chat_format import render_prompt, rendering_for
+from art.runtime.trainer import memory
+from art.runtime.trainer.batching import MicroBatch, pack
+from art.runtime.trainer.logprobs import output_head, sampled_logprobs
+from art.runtime.trainer.memory import GIB, PeakMemory, StepMemory, large_frees_returned
+from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
+from art.runtime.trainer.tokenize import tokenize_trajectory
 
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 WEATHER_TOOL = {
@@ -646,7 +646,7 @@ async def test_a_closed_backend_lets_go_of_its_models(tmp_path: Path) -> None:
     import gc
     import weakref
 
-    from art.backends.local.trainer.peft_trainer import PeftTrainer
+    from art.runtime.trainer.peft_trainer import PeftTrainer
 
     def trainers() -> list[PeftTrainer]:
         return [o for o in gc.get_objects() if type(o) is PeftTrainer]

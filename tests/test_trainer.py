@@ -12,7 +12,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.trainer.peft_trainer import PeftTrainer, add_adapter, create_peft_model
+from art.runtime.trainer.peft_trainer import PeftTrainer, add_adapter, create_peft_model
 
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 PROMPTS = (

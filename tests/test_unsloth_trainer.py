@@ -23,9 +23,9 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.backends.local.trainer.unsloth_trainer import INSTALL_HINT, find_unsloth_python
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
+from art.runtime.trainer.unsloth_trainer import INSTALL_HINT, find_unsloth_python
 
 if find_unsloth_python() is None:
     pytest.skip(f"no Unsloth environment: {INSTALL_HINT}", allow_module_level=True)
@@ -252,7 +252,7 @@ def test_art_s_trainer_key_is_refused_naming_trainer_args_and_trainer_backend() 
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_its_checkpoint_is_served_by_the_vllm_engine(tmp_path: Path) -> None:
-    from art.backends.local.engines.vllm.server import find_vllm_python
+    from art.runtime.engines.vllm.server import find_vllm_python
 
     if find_vllm_python() is None:
         pytest.skip("no vLLM environment: run `make venv-vllm` (or set ART_VLLM_PYTHON)")

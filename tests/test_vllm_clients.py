@@ -16,7 +16,7 @@ import httpx
 import pytest
 from helpers import JsonHandler
 
-from art.backends.local.engines.vllm.engine import _LoopClients
+from art.runtime.engines.vllm.engine import _LoopClients
 
 
 class _KeepAlive(JsonHandler):

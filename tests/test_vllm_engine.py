@@ -24,9 +24,9 @@ import torch
 from openai import APIStatusError, AsyncOpenAI
 
 import art
-from art.backends.local.engines.vllm.server import INSTALL_HINT, find_vllm_python
-from art.core.storage import ModelStore
+from art.core.model_store import ModelStore
 from art.local import LocalBackend
+from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 
 if find_vllm_python() is None:
     pytest.skip(f"no vLLM environment: {INSTALL_HINT}", allow_module_level=True)

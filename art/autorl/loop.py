@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.atomic import write_text_atomic
 from ..core.backend import Backend
 from ..core.errors import ConfigError, JudgeError
 from ..core.gather import gather_trajectory_groups
 from ..core.metrics import group_metrics
 from ..core.model import TrainableModel
-from ..core.storage import ModelStore, write_text_atomic
+from ..core.model_store import ModelStore
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import Message, TrainConfig
 from .inputs import GeneratedInputs, generate_inputs

@@ -47,8 +47,8 @@ from ..core.errors import (
     TrajectoryValidationError,
 )
 from ..core.model import Model, TrainableModel
+from ..core.model_store import ModelStore
 from ..core.sft_data import SFTDataError, trajectory_problems
-from ..core.storage import ModelStore
 from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig

@@ -15,8 +15,8 @@ from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, TrainingError
+from .log_checks import check_metrics, check_split
 from .metrics import group_metrics
-from .storage import check_metrics, check_split
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
 from .validation import check_trainable, coerce_groups

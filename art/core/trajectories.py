@@ -13,7 +13,16 @@ import math
 import numbers
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeAlias, overload
 
@@ -491,8 +500,23 @@ def _checked_logs(value: Iterable[str] | None) -> list[str]:
     return lines
 
 
+# How an awaited `PendingTrajectoryGroup` runs its rollouts: gathering's
+# `run_pending_group`, handed in by the core package (`art/core/__init__.py`), so that
+# the data model never imports gathering.
+_run_pending: Callable[[PendingTrajectoryGroup], Coroutine[Any, Any, TrajectoryGroup]] | None = None
+
+
+def run_pending_with(
+    runner: Callable[[PendingTrajectoryGroup], Coroutine[Any, Any, TrajectoryGroup]],
+) -> None:
+    """Set what awaiting a `PendingTrajectoryGroup` runs (`gather.run_pending_group`)."""
+    global _run_pending
+    _run_pending = runner
+
+
 class PendingTrajectoryGroup:
-    """A group whose rollouts have not run yet; awaiting it runs them concurrently."""
+    """A group whose rollouts have not run yet; awaiting it runs them concurrently
+    (through gathering, see `run_pending_with`)."""
 
     def __init__(
         self,
@@ -513,9 +537,9 @@ class PendingTrajectoryGroup:
         return len(self.items)
 
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
-        from .gather import run_pending_group
-
-        return run_pending_group(self).__await__()
+        if _run_pending is None:  # never: importing any of `art.core` sets it
+            raise RuntimeError("no runner for pending trajectory groups (art.core sets one)")
+        return _run_pending(self).__await__()
 
     def close(self) -> None:
         """Close rollouts that will never be awaited, so Python does not warn about them."""

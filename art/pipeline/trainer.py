@@ -39,7 +39,7 @@ from typing import Any, Generic, cast
 from ..core import dev
 from ..core.errors import ConfigError, RolloutError
 from ..core.model import TrainableModel
-from ..core.storage import ModelStore
+from ..core.model_store import ModelStore
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import TrainConfig
 from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..core.model import Model
-from ..core.storage import ModelStore
+from ..core.model_store import ModelStore
 
 
 def get_model_step(model: Model, art_path: str | os.PathLike[str]) -> int:

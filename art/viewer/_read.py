@@ -17,7 +17,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from ..core.errors import ConfigError
-from ..core.storage import ModelStore, list_models, list_projects
+from ..core.model_store import ModelStore, list_models, list_projects
 from ..core.trajectories import History, Trajectory, TrajectoryGroup
 from ..core.types import MessageOrChoice
 

@@ -13,9 +13,9 @@ from ...core import dev
 from ...core.backend import InferenceEndpoint
 from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
+from ...core.model_store import ModelStore, fork_checkpoint
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.storage import ModelStore, fork_checkpoint
 from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
@@ -23,9 +23,9 @@ from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 logger = logging.getLogger("art")
 
 if TYPE_CHECKING:
-    from .process import ServiceProcess
-    from .service.model_service import ModelService
-    from .service.placement import Placement
+    from ...runtime.process import ServiceProcess
+    from ...runtime.service.model_service import ModelService
+    from ...runtime.service.placement import Placement
 
 
 class LocalBackend:
@@ -67,12 +67,12 @@ class LocalBackend:
     def _model_service(self) -> ModelService | ServiceProcess:
         if self._service is None:
             if self.in_process:
-                from .service.model_service import ModelService
+                from ...runtime.service.model_service import ModelService
 
                 placement = self._placement() if self._placement is not None else None
                 self._service = ModelService(self.path, placement)
             else:
-                from .process import ServiceProcess
+                from ...runtime.process import ServiceProcess
 
                 self._service = ServiceProcess(self.path)
         return self._service
@@ -334,6 +334,6 @@ class LocalBackend:
 
 def _transport(service: ModelService | ServiceProcess) -> Any:
     """The child process's transport, which names the child if it died; None in-process."""
-    from .process import ServiceProcess, ServiceTransport
+    from ...runtime.process import ServiceProcess, ServiceTransport
 
     return ServiceTransport(service.failure) if isinstance(service, ServiceProcess) else None

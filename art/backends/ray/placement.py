@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.errors import BackendError, ConfigError
-from ..local.engines.start import EngineSpec
-from ..local.engines.structured import Grammars
-from ..local.service.placement import TrainerSpec
+from ...runtime.engines.base import EngineSpec
+from ...runtime.engines.structured import Grammars
+from ...runtime.service.placement import TrainerSpec
 from .config import RayConfig
 from .replica import Replica
 from .router import ReplicaRouter

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ...core import dev
-from ..local import models
-from ..local.engines.base import Sample, SamplingParams
-from ..local.engines.start import EngineSpec, choose_engine, start_engine
+from ...runtime import models
+from ...runtime.engines.base import EngineSpec, Sample, SamplingParams
+from ...runtime.engines.start import choose_engine, start_engine
 
 _REMEMBERED_PROMPTS = 256
 _MAX_LORAS = 8

@@ -30,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..local.engines.base import EngineUnavailable, OnToken, Sample, SamplingParams
-from ..local.engines.structured import Grammars
+from ...runtime.engines.base import EngineUnavailable, OnToken, Sample, SamplingParams
+from ...runtime.engines.structured import Grammars
 from .sticky import StickyTable
 
 logger = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from ...core import dev
 from ...core.errors import TrainingError
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import TrainConfig
-from ..local import models
-from ..local.chat_format import ChatRendering
-from ..local.service.placement import TrainerSpec
+from ...runtime import models
+from ...runtime.chat_format import ChatRendering
+from ...runtime.service.placement import TrainerSpec
 
 _COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -47,7 +47,7 @@ class TrainerWorker:
     ) -> None:
         import torch
 
-        from ..local.trainer.peft_trainer import PeftTrainer, add_adapter
+        from ...runtime.trainer.peft_trainer import PeftTrainer, add_adapter
 
         self.rank = rank
         self.world_size = world_size

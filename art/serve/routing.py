@@ -1,0 +1,121 @@
+"""Model names on `art serve`'s OpenAI route, checked against the request's key.
+
+A checkpoint is served as the W&B Training API names it,
+`wandb-artifact:///{entity}/{project}/{name}` (the latest) or `...:step{N}`, which
+names the project, so it is never ambiguous. `name` and `name@N` (LocalBackend's
+names) are accepted too while one model the key may use has that name. Base models
+are served under their own names to any key.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..backends.serverless import inference_name, parse_inference_name
+from ..core.model_store import ModelStore
+from ..runtime.endpoint.server import ApiError, Route
+from ..runtime.service.model_service import ModelService, served_name
+from .access import current
+
+
+class LoadedModels:
+    """The registered models this server has loaded, by (project, name): their records."""
+
+    def __init__(self) -> None:
+        self._records: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._records[(record["project"], record["name"])] = record
+
+    def remove(self, project: str, name: str) -> None:
+        with self._lock:
+            self._records.pop((project, name), None)
+
+    def records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._records.values())
+
+
+class ScopedRouter:
+    """The OpenAI endpoint's `Router`: resolves names, refuses models the key may not use."""
+
+    def __init__(self, service: ModelService, loaded: LoadedModels, path: str) -> None:
+        self.service = service
+        self.loaded = loaded
+        self.path = path
+
+    def route(self, model: str) -> Route:
+        if model in self._base_names():
+            return self.service.route(model)
+        record, step = self._resolve(model)
+        current().check(record["project"], record["name"], "model")
+        return self.service.route(_service_name(record["project"], record["name"], step))
+
+    def longest_context(self) -> int:
+        return self.service.longest_context()
+
+    def model_names(self) -> list[str]:
+        principal = current()
+        names = self._base_names()
+        for record in self.loaded.records():
+            if not principal.allows(record["project"], record["name"]):
+                continue
+            entity, project, name = record["entity"], record["project"], record["name"]
+            names.append(inference_name(entity, project, name))
+            steps = ModelStore(self.path, project, name).checkpoint_steps()
+            names.extend(inference_name(entity, project, name, step) for step in steps)
+        return names
+
+    def _resolve(self, model: str) -> tuple[dict[str, Any], int | None]:
+        parsed = parse_inference_name(model)
+        records = self.loaded.records()
+        if parsed is not None:
+            entity, project, name, step = parsed
+            found = [
+                r
+                for r in records
+                if (r["entity"], r["project"], r["name"]) == (entity, project, name)
+            ]
+        else:
+            name, _, step_text = model.partition("@")
+            step = int(step_text) if step_text.isdigit() else None
+            if step_text and step is None:
+                raise KeyError(f"model {model!r}: {step_text!r} is not a step number")
+            principal = current()
+            found = [
+                r
+                for r in records
+                if r["name"] == name and principal.allows(r["project"], r["name"])
+            ]
+            if len(found) > 1:
+                full = ", ".join(inference_name(r["entity"], r["project"], name) for r in found)
+                raise ApiError(
+                    400,
+                    f"model: {model!r} names {len(found)} models; use one of {full}",
+                    param="model",
+                    code="model_ambiguous",
+                )
+        if not found:
+            raise KeyError(
+                f"unknown model {model!r}; register it first, or use one of "
+                f"{', '.join(self.model_names())}"
+            )
+        return found[0], step
+
+    def _base_names(self) -> list[str]:
+        # Only base models: a trained model's service names (`project/name`) would bypass
+        # the key's scope check.
+        trained = {r["name"] for r in self.loaded.records()}
+        return [name for name in self.service.base_names() if name not in trained]
+
+
+def _service_name(project: str, name: str, step: int | None) -> str:
+    """The model service's own name for a checkpoint: unambiguous across projects."""
+    served = served_name(project, name)
+    return served if step is None else f"{served}@{step}"
+
+
+__all__ = ["LoadedModels", "ScopedRouter"]
