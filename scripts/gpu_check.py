@@ -68,7 +68,7 @@ def prepare(directory: Path, python_version: str) -> None:
         check=True,
     )
     (directory / "requirements.txt").write_text("\n".join(WHEELS) + "\n")
-    from art.backends.local.models import default_model_dir
+    from art.runtime.models import default_model_dir
 
     tokenizer = directory / "tokenizer"
     tokenizer.mkdir(exist_ok=True)

@@ -27,7 +27,7 @@ def _tokenizer_dir() -> str:
     configured = os.environ.get("ART_TOKENIZER_DIR")
     if configured:
         return configured
-    from art.backends.local.models import default_model_dir
+    from art.runtime.models import default_model_dir
 
     return str(default_model_dir())
 
@@ -68,7 +68,7 @@ def _completion_logprob(model: Any, prompt: list[int], tokens: list[int]) -> flo
 def test_a_grpo_step_on_cuda_raises_the_rewarded_completion(random_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from art.backends.local.trainer.peft_trainer import PeftTrainer, create_peft_model
+    from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
 
     tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
     base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.bfloat16).cuda()
