@@ -322,7 +322,7 @@ def test_merge_lora_and_rollout_weights_mode_refuse_what_cannot_merge(
 ) -> None:
     import art
     from art.core.errors import ConfigError
-    from art.runtime.engines.config_support import check_supported
+    from art.runtime.engines.start import check_supported
 
     config = art.dev.InternalModelConfig(
         engine_args=art.dev.EngineArgs(merge_lora=True),

@@ -27,7 +27,7 @@ from helpers import assert_a_step_learned
 import art
 from art.local import LocalBackend
 from art.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn
-from art.runtime.engines.config_support import check_supported
+from art.runtime.engines.start import check_supported
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEDICATED = art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[])

@@ -3,8 +3,9 @@
 - `base.py`: the `Engine` protocol, everything the model service and the Ray replica
   may call, the values it takes and returns, and `EngineSpec`, what one needs to start.
 - `structured.py`: grammars (JSON schemas, tool calls) that constrain sampling.
-- `config_support.py`: what each engine (with the PEFT trainer) honours of an
-  `InternalModelConfig`, refused by field name otherwise.
+- `config_support.py`: what every engine (with the trainer) honours of an
+  `InternalModelConfig`, refused by field name otherwise; each engine checks its own
+  fields in its `config.py`.
 - `transformers/`: our continuous-batching decode loop on any torch device.
 - `vllm/`: vLLM's server in a child process from its own environment.
 

@@ -29,11 +29,22 @@ def choose_engine(config: dev.InternalModelConfig) -> EngineName:
     return "vllm" if torch.cuda.is_available() else "transformers"
 
 
+def check_supported(config: dev.InternalModelConfig, engine: EngineName) -> None:
+    """Raise `ConfigError` for the first setting `engine` and the trainer cannot honour:
+    the engine-neutral ones (`config_support.py`), then the engine's own (its `config.py`)."""
+    from .config_support import check_engine_neutral
+
+    check_engine_neutral(config)
+    if engine == "vllm":
+        from .vllm.config import check_config
+    else:
+        from .transformers.config import check_config
+    check_config(config)
+
+
 def require_engine(config: dev.InternalModelConfig) -> EngineName:
     """`choose_engine`, failing now (before minutes of loading) where it cannot start or
-    cannot honour a field of `config` (`config_support.py`)."""
-    from .config_support import check_supported
-
+    cannot honour a field of `config` (`check_supported`)."""
     engine = choose_engine(config)
     check_supported(config, engine)
     if engine == "vllm":
@@ -61,4 +72,4 @@ def start_engine(
     return start_transformers_engine(spec, training_model, thread)
 
 
-__all__ = ["choose_engine", "require_engine", "start_engine"]
+__all__ = ["check_supported", "choose_engine", "require_engine", "start_engine"]

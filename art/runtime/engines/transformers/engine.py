@@ -391,7 +391,7 @@ def start_transformers_engine(
 def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
     """A plain copy to sample `served`'s adapters from (`merge_lora(config)`), or None."""
     from ...trainer.memory import budget
-    from ..config_support import merge_lora
+    from .config import merge_lora
 
     config = spec.config
     device = next(served.parameters()).device
