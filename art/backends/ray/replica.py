@@ -58,7 +58,8 @@ class Replica:
             dtype=dtype,
             context_length=context_length,
             stop_token_ids=stop_token_ids,
-            log_path=Path(tempfile.mkdtemp(prefix="art-replica-")) / "vllm.log",
+            log_dir=Path(tempfile.mkdtemp(prefix="art-replica-")),
+            index=self.index,
             max_loras=_MAX_LORAS,
         )
         self.engine = start_engine(spec)  # no trainer here: the engine has its own weights
@@ -94,7 +95,7 @@ class Replica:
         return {
             "index": self.index,
             "engine": self.engine_name,
-            "merged": getattr(self.engine, "merged", None) is not None,
+            "merged": self.engine.samples_merged,
             "requests": self._requests,
             "served": list(self._served),
             "adapters": list(self._adapters),

@@ -66,6 +66,13 @@ class ReplicaRouter:
     def active_rows(self) -> int:
         return sum(self._in_flight)
 
+    @property
+    def samples_merged(self) -> bool:
+        """Whether the live replicas sample from merged copies (each decides on its own
+        node, from one config): asks each of them, as `status()` does."""
+        answers = self.status()
+        return bool(answers) and all(s is not None and s["merged"] for s in answers)
+
     async def generate(
         self,
         prompt_ids: list[int],

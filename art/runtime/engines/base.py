@@ -93,6 +93,12 @@ class Engine(Protocol):
         """Sequences being sampled now."""
         ...
 
+    @property
+    def samples_merged(self) -> bool:
+        """True: an adapter is sampled from a plain copy of the weights with it merged in
+        (`merge_lora`); False: it is applied beside the base weights at every step."""
+        ...
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -144,7 +150,8 @@ class EngineSpec:
     dtype: str
     context_length: int
     stop_token_ids: frozenset[int]
-    log_path: Path  # where an engine with a child server writes its log
+    log_dir: Path  # where an engine with a child server writes its log
+    index: int  # this engine's number among those the caller started (names its log)
     max_loras: int  # adapters an engine with a fixed number of LoRA slots must hold at once
 
 

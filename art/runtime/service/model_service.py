@@ -15,7 +15,7 @@ Lock order, outermost first; a lock is never taken while holding one below it:
 1. `_registry_lock` (this class): registering and unloading models and bases.
 2. `LoadedBase.train_lock`: a change of a training model (adapter added or removed, a step).
 3. `CheckpointCache._lock`: which checkpoints are loaded and leased (an adapter loads under it).
-4. The engine's own locks (its pause; vLLM's request table).
+4. The engine's own locks (its pause; a child server's request table).
 Jobs on the torch thread take only the engine's locks (4), so a caller may hold 1-3
 while it waits for one.
 
@@ -352,8 +352,9 @@ class ModelService:
             dtype=str(base.model.dtype).removeprefix("torch."),
             context_length=base.context_length,
             stop_token_ids=frozenset(_stop_token_ids(base.model, base.tokenizer)),
-            log_path=self._log_path(),
-            # Leased checkpoints may outnumber `keep`; vLLM swaps adapters beyond its slots.
+            log_dir=Path(self.path) / "logs",
+            index=len(self._bases),
+            # Leased checkpoints may outnumber `keep`; an engine swaps adapters beyond its slots.
             max_loras=_SERVED_CHECKPOINTS + 1,
         )
         if self.placement is not None:
@@ -368,9 +369,6 @@ class ModelService:
             "answering" if engine.serves_while_training else "paused",
         )
         return engine
-
-    def _log_path(self) -> Path:
-        return Path(self.path) / "logs" / f"vllm-{len(self._bases)}.log"
 
     def _split_cores(self) -> None:
         """Dedicated mode on the CPU: half the cores to the torch thread (decoding) and

@@ -108,6 +108,10 @@ class TransformersEngine:
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._active_rows = 0
 
+    @property
+    def samples_merged(self) -> bool:
+        return self.merged is not None
+
     async def generate(
         self,
         prompt_ids: list[int],

@@ -81,6 +81,10 @@ class VLLMEngine:
     def active_rows(self) -> int:
         return self._rows
 
+    @property
+    def samples_merged(self) -> bool:
+        return False  # vLLM applies each adapter with its LoRA kernels
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -427,7 +431,7 @@ def start_vllm_engine(spec: EngineSpec) -> VLLMEngine:
         ),
         gpu_ids=config.inference_gpu_ids,
     )
-    server = VLLMServer(python, args, spec.log_path)
+    server = VLLMServer(python, args, spec.log_dir / f"vllm-{spec.index}.log")
     return VLLMEngine(
         server,
         spec.tokenizer,
