@@ -38,6 +38,7 @@ from ...core.errors import ConfigError, TrainingError
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import TrainConfig
 from ..chat_format import ChatRendering
+from ..sidecar import find_python, require_python
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # the `art` package: art/runtime/trainer/
 _REPO = _PACKAGE.parent
@@ -52,31 +53,19 @@ INSTALL_HINT = (
 def find_unsloth_python() -> Path | None:
     """The interpreter to train with: `ART_UNSLOTH_PYTHON`, else this checkout's
     `.venv-unsloth` (built whole: its stamp is written last)."""
-    configured = os.environ.get("ART_UNSLOTH_PYTHON")
-    if configured:
-        return Path(configured)
-    venv = _REPO / ".venv-unsloth"
-    if (venv / ".installed").exists() and (venv / "bin" / "python").exists():
-        return venv / "bin" / "python"
-    return None
+    return find_python("ART_UNSLOTH_PYTHON", _REPO / ".venv-unsloth", stamp=".installed")
 
 
 def require_unsloth_python() -> Path:
     """`find_unsloth_python`, or a `ConfigError` naming the field and the fix."""
-    python = find_unsloth_python()
-    if python is None:
-        raise ConfigError(
-            "_internal_config.trainer_backend",
-            "trainer_backend='unsloth' needs Unsloth, and no environment with it was found",
-            INSTALL_HINT,
-        )
-    if not python.exists():
-        raise ConfigError(
-            "_internal_config.trainer_backend",
-            f"ART_UNSLOTH_PYTHON is {str(python)!r}, which does not exist",
-            "Point ART_UNSLOTH_PYTHON at a Python interpreter that has unsloth installed",
-        )
-    return python
+    return require_python(
+        find_unsloth_python(),
+        env_var="ART_UNSLOTH_PYTHON",
+        field="_internal_config.trainer_backend",
+        needs="trainer_backend='unsloth' needs Unsloth",
+        fix=INSTALL_HINT,
+        package="unsloth",
+    )
 
 
 @dataclass(frozen=True)

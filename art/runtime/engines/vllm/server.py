@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from ....core.errors import ConfigError
+from ...sidecar import find_python, require_python
 from ..base import EngineUnavailable
 
 _REPO = Path(__file__).resolve().parents[4]  # art/runtime/engines/vllm/
@@ -38,28 +38,19 @@ INSTALL_HINT = (
 
 def find_vllm_python() -> Path | None:
     """The interpreter to run vLLM with: `ART_VLLM_PYTHON`, else this checkout's `.venv-vllm`."""
-    configured = os.environ.get("ART_VLLM_PYTHON")
-    if configured:
-        return Path(configured)
-    candidate = _REPO / ".venv-vllm" / "bin" / "python"
-    return candidate if candidate.exists() else None
+    return find_python("ART_VLLM_PYTHON", _REPO / ".venv-vllm")
 
 
 def require_vllm_python() -> Path:
-    python = find_vllm_python()
-    if python is None:
-        raise ConfigError(
-            "_internal_config.engine",
-            "engine='vllm' needs vLLM, and no environment with it was found",
-            INSTALL_HINT[0].upper() + INSTALL_HINT[1:],
-        )
-    if not python.exists():
-        raise ConfigError(
-            "_internal_config.engine",
-            f"ART_VLLM_PYTHON is {str(python)!r}, which does not exist",
-            "Point ART_VLLM_PYTHON at a Python interpreter that has vllm installed",
-        )
-    return python
+    """`find_vllm_python`, or a `ConfigError` naming the field and the fix."""
+    return require_python(
+        find_vllm_python(),
+        env_var="ART_VLLM_PYTHON",
+        field="_internal_config.engine",
+        needs="engine='vllm' needs vLLM",
+        fix=INSTALL_HINT[0].upper() + INSTALL_HINT[1:],
+        package="vllm",
+    )
 
 
 @dataclass(frozen=True)
