@@ -17,11 +17,11 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...core.errors import ArtError, ConfigError
 from .types import MCPResource, MCPTool
@@ -196,22 +196,16 @@ class MCPSession:
         async with self._lock:
             if self._tools is None or refresh:
                 client = self._connected()
-                tools: list[MCPTool] = []
-                cursor: str | None = None
-                while True:
-                    page = await client.list_tools(cursor=cursor)
-                    tools.extend(
-                        MCPTool(
-                            name=tool.name,
-                            description=tool.description or "",
-                            parameters=dict(tool.input_schema),
-                        )
-                        for tool in page.tools
+                pages = await _all_pages(lambda cursor: client.list_tools(cursor=cursor))
+                self._tools = [
+                    MCPTool(
+                        name=tool.name,
+                        description=tool.description or "",
+                        parameters=dict(tool.input_schema),
                     )
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
-                self._tools = tools
+                    for page in pages
+                    for tool in page.tools
+                ]
             return list(self._tools)
 
     async def list_resources(self, *, refresh: bool = False) -> list[MCPResource]:
@@ -222,23 +216,17 @@ class MCPSession:
                 if client.server_capabilities.resources is None:
                     self._resources = []
                     return []
-                resources: list[MCPResource] = []
-                cursor: str | None = None
-                while True:
-                    page = await client.list_resources(cursor=cursor)
-                    resources.extend(
-                        MCPResource(
-                            uri=str(resource.uri),
-                            name=resource.name,
-                            description=resource.description or "",
-                            mime_type=resource.mime_type,
-                        )
-                        for resource in page.resources
+                pages = await _all_pages(lambda cursor: client.list_resources(cursor=cursor))
+                self._resources = [
+                    MCPResource(
+                        uri=str(resource.uri),
+                        name=resource.name,
+                        description=resource.description or "",
+                        mime_type=resource.mime_type,
                     )
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
-                self._resources = resources
+                    for page in pages
+                    for resource in page.resources
+                ]
             return list(self._resources)
 
     async def read_resource(self, uri: str) -> str:
@@ -270,6 +258,23 @@ class MCPSession:
     def __repr__(self) -> str:
         state = "open" if self.connected else "closed"
         return f"MCPSession({self.name!r}, {state})"
+
+
+class _Page(Protocol):
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+PageT = TypeVar("PageT", bound=_Page)
+
+
+async def _all_pages(list_page: Callable[[str | None], Awaitable[PageT]]) -> list[PageT]:
+    """Every page of an MCP list call: `list_page(cursor)`, from no cursor until a page
+    gives none."""
+    pages = [await list_page(None)]
+    while pages[-1].next_cursor is not None:
+        pages.append(await list_page(pages[-1].next_cursor))
+    return pages
 
 
 def _content_text(part: Any) -> str:
