@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.arguments import check_at_least
 from ..core.errors import ArtError, ConfigError
 
 # An input is a user message: a sentence or a short paragraph, never an essay.
@@ -137,13 +138,7 @@ async def generate_inputs(
         raise ConfigError(
             "task_description", "is empty", "Describe the task in a sentence, e.g. 'Answer ...'"
         )
-    for name, value, least in (
-        ("num", num, 1),
-        ("num_val", num_val, 0),
-        ("batch_size", batch_size, 1),
-    ):
-        if not isinstance(value, int) or value < least:
-            raise ConfigError(name, f"got {value!r}", f"Pass an integer of at least {least}")
+    check_at_least(num=(num, 1), num_val=(num_val, 0), batch_size=(batch_size, 1))
     if not isinstance(generator_model, str) or not generator_model.strip():
         raise ConfigError(
             "generator_model",

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.arguments import check_at_least
 from ..core.atomic import write_text_atomic
 from ..core.backend import Backend
 from ..core.errors import ConfigError, JudgeError
@@ -118,17 +119,15 @@ async def train(
         generator_model: a LiteLLM model name for the inputs; None for the base model.
         judge_params, generator_params: more `litellm.acompletion` keyword arguments.
     """
-    for arg, value, least in (
-        ("steps", steps, 0),
-        ("num_inputs", num_inputs, 1),
-        ("num_val", num_val, 1),
-        ("groups_per_step", groups_per_step, 1),
-        ("group_size", group_size, 2),
-        ("max_tokens", max_tokens, 1),
-        ("eval_every", eval_every, 1),
-    ):
-        if not isinstance(value, int) or value < least:
-            raise ConfigError(arg, f"got {value!r}", f"Pass an integer of at least {least}")
+    check_at_least(
+        steps=(steps, 0),
+        num_inputs=(num_inputs, 1),
+        num_val=(num_val, 1),
+        groups_per_step=(groups_per_step, 1),
+        group_size=(group_size, 2),
+        max_tokens=(max_tokens, 1),
+        eval_every=(eval_every, 1),
+    )
     if groups_per_step > num_inputs:
         raise ConfigError(
             "groups_per_step",

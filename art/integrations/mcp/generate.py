@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...core.arguments import check_at_least
 from ...core.errors import ArtError, ConfigError
 from .types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
@@ -139,13 +140,9 @@ async def generate_scenarios(
         raise ConfigError(
             "tools", "no tools or resources given", "Pass `await session.list_tools()`"
         )
-    for name, value, least in (
-        ("num_scenarios", num_scenarios, 1),
-        ("batch_size", batch_size, 1),
-        ("max_attempts", max_attempts, 1),
-    ):
-        if value < least:
-            raise ConfigError(name, f"must be at least {least}, got {value}", "Raise it")
+    check_at_least(
+        num_scenarios=(num_scenarios, 1), batch_size=(batch_size, 1), max_attempts=(max_attempts, 1)
+    )
     if isinstance(generator_model, str):
         params: dict[str, Any] = {"model": generator_model}
         if generator_api_key is not None:

@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...core.arguments import check_at_least
 from ...core.errors import ConfigError
 from ...core.trajectories import Trajectory
 from .session import MCPSession, ToolResult
@@ -79,11 +80,11 @@ class MCPRolloutConfig:
     every rollout uses the given sessions and sees what other rollouts changed."""
 
     def __post_init__(self) -> None:
-        for field_name in ("max_turns", "max_tokens", "max_result_chars"):
-            if getattr(self, field_name) < 1:
-                raise ConfigError(
-                    field_name, f"must be at least 1, got {getattr(self, field_name)}", "Raise it"
-                )
+        check_at_least(
+            max_turns=(self.max_turns, 1),
+            max_tokens=(self.max_tokens, 1),
+            max_result_chars=(self.max_result_chars, 1),
+        )
         if self.tool_timeout <= 0:
             raise ConfigError(
                 "tool_timeout", f"must be positive, got {self.tool_timeout}", "Pass seconds > 0"
