@@ -8,6 +8,8 @@
   fields in its `config.py`.
 - `transformers/`: our continuous-batching decode loop on any torch device.
 - `vllm/`: vLLM's server in a child process from its own environment.
+- `fake.py`: `FakeEngine`, scripted samples and no model, for testing what sits above
+  the protocol (the endpoint, routing).
 
 `start.py` is the one place that names an engine kind: it picks one for a config and
 starts it. Nothing else asks which engine it has. The engines take `EngineSpec` from
