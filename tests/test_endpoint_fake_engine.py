@@ -1,0 +1,192 @@
+"""The endpoint over `FakeEngine`: routing and the answer's shape, with no model loaded.
+
+The tokenizer is a word-level one built here from a dozen words, with a one-line chat
+template; the engine answers from a script. So each test runs in milliseconds and knows
+the exact ids and logprobs it should get back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from art.runtime.chat_format import rendering_for
+from art.runtime.endpoint.response import Route
+from art.runtime.endpoint.server import build_app
+from art.runtime.engines.base import EngineUnavailable, Sample, SamplingParams
+from art.runtime.engines.fake import FakeEngine, FakeRequest
+
+WORDS = ["<unk>", "<eos>", "user", "assistant", ":", "hi", "there", "hello", "you", "again"]
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
+CONTEXT = 64
+
+
+def tiny_tokenizer() -> Any:
+    """A Hugging Face tokenizer of `WORDS`, split on whitespace, with `TEMPLATE`."""
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
+    )
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def ids(*words: str) -> list[int]:
+    return [WORDS.index(word) for word in words]
+
+
+class Routes:
+    """A `Router` over fixed routes, refusing other names as the model service does."""
+
+    def __init__(self, routes: dict[str, Route]) -> None:
+        self.routes = routes
+
+    def route(self, model: str) -> Route:
+        if model not in self.routes:
+            served = ", ".join(self.model_names())
+            raise KeyError(f"unknown model {model!r}; this endpoint serves {served}")
+        return self.routes[model]
+
+    def model_names(self) -> list[str]:
+        return sorted(self.routes)
+
+    def longest_context(self) -> int:
+        return CONTEXT
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return tiny_tokenizer()
+
+
+HELLO = Sample(token_ids=ids("hello", "there"), logprobs=[-0.25, -1.5], finish_reason="stop")
+AGAIN = Sample(token_ids=ids("hi", "again", "you"), logprobs=[-0.5, -0.75, -2.0])
+
+
+@pytest.fixture
+def engine(tokenizer: Any) -> FakeEngine:
+    return FakeEngine(tokenizer, [HELLO, AGAIN])
+
+
+def route(engine: FakeEngine, adapter: str | None = None, step: int | None = None) -> Route:
+    return Route(engine, engine.tokenizer, rendering_for(engine.tokenizer), adapter, CONTEXT, step)
+
+
+@pytest_asyncio.fixture
+async def http(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
+    router = Routes({"base": route(engine), "proj/agent@3": route(engine, "agent-3", step=3)})
+    transport = httpx.ASGITransport(app=build_app(router, api_key=None))
+    async with httpx.AsyncClient(transport=transport, base_url="http://fake/v1") as client:
+        yield client
+
+
+def ask(model: str, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi there"}], **fields}
+
+
+async def test_a_chat_completion_returns_the_scripted_ids_and_logprobs(
+    http: httpx.AsyncClient, engine: FakeEngine, tokenizer: Any
+) -> None:
+    answer = await http.post("/chat/completions", json=ask("base", logprobs=True, max_tokens=5))
+    assert answer.status_code == 200, answer.text
+    (choice,) = answer.json()["choices"]
+    prompt = ids("user", ":", "hi", "there", "assistant", ":")
+    assert choice["prompt_token_ids"] == prompt
+    assert choice["token_ids"] == HELLO.token_ids
+    assert choice["token_logprobs"] == HELLO.logprobs
+    assert [item["logprob"] for item in choice["logprobs"]["content"]] == HELLO.logprobs
+    assert [item["token"] for item in choice["logprobs"]["content"]] == ["hello", "there"]
+    assert choice["message"] == {"role": "assistant", "content": "hello there"}
+    assert choice["finish_reason"] == "stop"
+    assert choice["policy_version"] is None
+    assert answer.json()["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+    (request,) = engine.requests
+    assert request.prompt_ids == prompt
+    assert (request.adapter, request.n) == (None, 1)
+    assert request.params.max_tokens == 5
+
+
+async def test_an_unknown_model_is_a_404_naming_it(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    answer = await http.post("/chat/completions", json=ask("nobody"))
+    assert answer.status_code == 404
+    error = answer.json()["error"]
+    assert error["message"] == "unknown model 'nobody'; this endpoint serves base, proj/agent@3"
+    assert (error["param"], error["code"]) == ("model", "model_not_found")
+    assert engine.requests == []  # refused before the engine was asked
+
+
+async def test_n_choices_each_carry_their_own_sample(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    answer = await http.post("/chat/completions", json=ask("base", n=3))
+    assert answer.status_code == 200, answer.text
+    choices = answer.json()["choices"]
+    assert [choice["index"] for choice in choices] == [0, 1, 2]
+    assert [choice["token_ids"] for choice in choices] == [
+        HELLO.token_ids,
+        AGAIN.token_ids,
+        HELLO.token_ids,
+    ]
+    assert [choice["token_logprobs"] for choice in choices][1] == AGAIN.logprobs
+    assert choices[1]["message"]["content"] == "hi again you"
+    assert choices[1]["finish_reason"] == "length"
+    assert answer.json()["usage"]["completion_tokens"] == 7
+    assert [request.n for request in engine.requests] == [3]
+
+
+async def test_a_stream_sends_the_text_then_each_choice_with_its_ids(
+    http: httpx.AsyncClient,
+) -> None:
+    async with http.stream("POST", "/chat/completions", json=ask("base", stream=True)) as answer:
+        assert answer.status_code == 200
+        lines = [line async for line in answer.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    deltas = [chunk["choices"][0]["delta"].get("content", "") for chunk in chunks]
+    assert "".join(deltas) == "hello there"
+    final = chunks[-1]["choices"][0]
+    assert (final["token_ids"], final["token_logprobs"]) == (HELLO.token_ids, HELLO.logprobs)
+    assert final["finish_reason"] == "stop"
+
+
+async def test_a_checkpoint_route_samples_with_its_adapter_and_says_its_step(
+    http: httpx.AsyncClient, engine: FakeEngine, tmp_path: Any
+) -> None:
+    gone = await http.post("/chat/completions", json=ask("proj/agent@3"))
+    assert gone.status_code == 404  # its adapter is not loaded in the engine
+    assert "'agent-3'" in gone.json()["error"]["message"]
+    engine.load_adapter("agent-3", tmp_path)
+    answer = await http.post("/chat/completions", json=ask("proj/agent@3"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["policy_version"] == 3
+    assert [request.adapter for request in engine.requests] == ["agent-3"]
+
+
+async def test_a_scripted_function_sees_each_request(tokenizer: Any) -> None:
+    def echo(request: FakeRequest) -> list[Sample]:
+        last = request.prompt_ids[-3:]
+        return [Sample(token_ids=last, logprobs=[-1.0] * len(last))] * request.n
+
+    engine = FakeEngine(tokenizer, echo)
+    samples = await engine.generate(ids("hi", "you", "again"), SamplingParams(max_tokens=4), n=2)
+    assert [sample.token_ids for sample in samples] == [ids("hi", "you", "again")] * 2
+    assert samples[0].text == "hi you again"
+    assert samples[0].token_ids is not samples[1].token_ids  # each its own, as engines give
+    engine.close()
+    with pytest.raises(EngineUnavailable, match="closed"):
+        await engine.generate([1], SamplingParams(max_tokens=4))
