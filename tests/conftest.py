@@ -73,6 +73,17 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+# Fixtures that load the default model or start a model service: a test that uses one,
+# through any fixture of its own, is marked `model` (`make check` leaves those out).
+_MODEL_FIXTURES = {"default_model", "shared_backend", "ray_cluster"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture
 def test_seed() -> int:
     """The seed a sampling-dependent test samples under: ART_TEST_SEED (0 by default).

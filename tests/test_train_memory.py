@@ -380,13 +380,18 @@ def test_a_sequence_that_cannot_fit_fails_before_training(
     assert trainer.steps == 0
 
 
-@pytest.mark.timeout(3600)  # ~8 minutes of one idle core; far more on a shared machine
+@pytest.mark.timeout(1800)  # ~2.5 minutes on 2 idle cores; far more on a shared machine
 async def test_long_agent_trajectories_train_in_bounded_memory(
     tmp_path: Path, default_model: tuple[Any, Any]
 ) -> None:
-    """8 agent trajectories with 2,048-token answers train in one step in the real model
+    """Agent trajectories with 2,048-token answers train in one step in the real model
     service; a model whose budget cannot hold one sequence fails first, before anything is
-    written, and the service goes on serving and training."""
+    written, and the service goes on serving and training.
+
+    Two trajectories: each sequence over 1,024 tokens is a checkpointed micro-batch of its
+    own, so the peak is one sequence's whatever their number (train_memory.py and
+    train_memory_cuda.py show it flat from 8 to 32 trajectories).
+    """
     _, tokenizer = default_model
     path = tmp_path / ".art"
     backend = LocalBackend(path=path)
@@ -404,7 +409,7 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
     try:
         await starved.register(backend)
         await model.register(backend)
-        groups = agent_groups(tokenizer, 8, 2048)
+        groups = [art.TrajectoryGroup(agent_trajectory(tokenizer, k, 2048) for k in range(2))]
         checkpoint = path / "mem/models/starved/checkpoints/0000"
         saved = {f.name: f.read_bytes() for f in checkpoint.iterdir()}
 
@@ -421,15 +426,15 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
         await backend.close()
     peak = row["train/peak_memory_gb"]
     print(
-        f"\n8 x 2048-token agent trajectories: {row['train/tokens_trained']:.0f} tokens, "
+        f"\n2 x 2048-token agent trajectories: {row['train/tokens_trained']:.0f} tokens, "
         f"peak memory of the model service {peak:.2f} GiB (estimated "
         f"{row['train/estimated_memory_gb']:.2f}), {row['train/micro_batches']:.0f} "
         f"micro-batches ({row['train/checkpointed_micro_batches']:.0f} checkpointed), "
         f"{row['train/train_seconds']:.0f} s; this process's peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
     )
-    assert row["train/tokens_trained"] > 8 * 2048
-    assert row["train/checkpointed_micro_batches"] == 8  # each sequence over 1024 tokens
+    assert row["train/tokens_trained"] > 2 * 2048
+    assert row["train/checkpointed_micro_batches"] == 2  # each sequence over 1024 tokens
     assert 0 < peak < 3.0
 
 
