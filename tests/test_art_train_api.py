@@ -29,6 +29,8 @@ import art
 from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 REPO = Path(__file__).resolve().parent.parent
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"

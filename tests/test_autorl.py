@@ -139,6 +139,7 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.
     await backend.close()
 
 
+@pytest.mark.model
 async def test_the_default_model_writes_distinct_inputs_and_a_system_prompt(
     served: art.TrainableModel,
 ) -> None:
@@ -210,6 +211,7 @@ SMALL_RUN = (
 )  # fmt: skip
 
 
+@pytest.mark.model
 @pytest.mark.timeout(1200)
 def test_autorl_trains_end_to_end_writes_its_report_and_resumes(tmp_path: Path) -> None:
     # One step: on a busy 2-core CPU a step (rollouts, RULER, training, validation) takes

@@ -20,6 +20,8 @@ from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 from art.runtime.trainer.unsloth_trainer import INSTALL_HINT as UNSLOTH_HINT
 from art.runtime.trainer.unsloth_trainer import find_unsloth_python
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 ROOT = Path(__file__).resolve().parent.parent
 
 needs_vllm = pytest.mark.skipif(

@@ -30,6 +30,8 @@ from art.runtime.engines.transformers.merged import MergedCopy
 from art.runtime.engines.transformers.prefix_cache import PrefixCache
 from art.runtime.trainer.peft_trainer import add_adapter
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 DRAWS = 40_000
 
 

@@ -190,6 +190,7 @@ def run_snippet(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("snippet", sorted(p.name for p in SNIPPETS.glob("*.py")))
 def test_each_snippet_runs(snippet: str, tmp_path: Path) -> None:
     result = run_snippet(SNIPPETS / snippet, tmp_path)
@@ -214,6 +215,7 @@ def test_a_broken_snippet_fails_its_run(tmp_path: Path) -> None:
     ("snippet", "run"),
     [("readme_example.py", "demo/models/agent"), ("loop.py", "my-task/models/agent-001")],
 )
+@pytest.mark.model
 @pytest.mark.sampling
 def test_the_loops_shown_train_a_step_that_learns(snippet: str, run: str, tmp_path: Path) -> None:
     """The README's loop and the getting-started template, their `main` run where a user
@@ -256,6 +258,7 @@ def test_the_readme_example_is_the_snippet_the_tests_run() -> None:
     ast.parse(example)
 
 
+@pytest.mark.model
 def test_the_langgraph_recipe_is_its_example_and_its_rollout_is_recorded(
     tmp_path: Path,
 ) -> None:

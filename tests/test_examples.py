@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import assert_a_step_learned
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -29,6 +29,8 @@ from art.core.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.engines.transformers.engine import TransformersEngine
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WAIT_S = 300.0  # how long a condition may take on a loaded 2-core machine before it fails
 

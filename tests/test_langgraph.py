@@ -28,9 +28,10 @@ from art.core.model_store import ModelStore
 from art.langgraph import init_chat_model, wrap_rollout
 from art.local import LocalBackend
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:create_react_agent has been moved:DeprecationWarning"
-)
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.filterwarnings("ignore:create_react_agent has been moved:DeprecationWarning"),
+]
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima", "Kenya": "Nairobi"}
 SYSTEM = (

@@ -18,6 +18,8 @@ import pytest
 import art
 from art.local import LocalBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
 

@@ -23,6 +23,8 @@ from openai import AsyncOpenAI
 import art
 from art.local import LocalBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WEATHER_TOOL = {
     "type": "function",

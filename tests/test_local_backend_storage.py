@@ -13,6 +13,8 @@ import art
 from art.core.model_store import ModelStore
 from art.local import LocalBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 
 def model_dir(root: Path, name: str = "agent-001") -> Path:
     return root / "proj" / "models" / name

@@ -193,6 +193,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.model
 def test_two_real_training_steps_reach_the_offline_run_at_their_steps(tmp_path: Path) -> None:
     art_path = tmp_path / ".art"
     result = run_python(

@@ -29,6 +29,8 @@ from art.local import LocalBackend
 from art.pipeline_trainer import PipelineTrainer, keep_recent_and_top, make_group_rollout_fn
 from art.runtime.engines.start import check_supported
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEDICATED = art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[])
 

@@ -28,6 +28,8 @@ from art.pipeline_trainer import PipelineTrainer
 from art.runtime import models
 from art.runtime.service.placement import TrainerSpec
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

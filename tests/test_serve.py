@@ -26,6 +26,8 @@ from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
 from art.skypilot import SkyPilotBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

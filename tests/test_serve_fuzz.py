@@ -19,6 +19,8 @@ from serve_server import BASE, KEY, Server
 import art
 from art.serverless.backend import ServerlessBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 MODEL = "fuzz~agent"
 GOOD_GROUP: dict[str, Any] = {
     "trajectories": [

@@ -24,6 +24,8 @@ import art
 from art.core.model_store import ModelStore
 from art.serverless.backend import ServerlessBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 ADMIN = {"Authorization": f"Bearer {KEY}"}
 
 

@@ -31,7 +31,7 @@ BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEADLINE_S = 600  # liveness only: far above what any of this takes on 2 cores
 DEDICATED = art.dev.InternalModelConfig(trainer_gpu_ids=[], inference_gpu_ids=[])
 # Liveness, not speed: each test trains real steps on 2 cores that the rest may share.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.model, pytest.mark.timeout(1800)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -28,6 +28,8 @@ from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
 from art.utils.sft import train_sft_from_file
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FORMAT = re.compile(r"^\[\[answer: -?\d+\]\]$")
 

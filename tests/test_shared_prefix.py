@@ -19,6 +19,8 @@ from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
 from art.runtime.trainer.shared_prefix import PrefixTree, distinct_tokens
 from art.runtime.trainer.tokenize import TrainingSequence, tokenize_trajectory
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 SYSTEM = "You are a calculator. Reply with the number only."
 

@@ -19,6 +19,8 @@ import torch
 import art
 from art.local import LocalBackend
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 MOVIE = {
     "type": "object",

@@ -22,6 +22,8 @@ from art.runtime import torch_thread
 from art.runtime.engines.base import SamplingParams
 from art.runtime.engines.transformers.engine import TransformersEngine
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 
 def _engine(model: Any, tokenizer: Any) -> TransformersEngine:
     return TransformersEngine(

@@ -30,6 +30,8 @@ from art.runtime.trainer.memory import GIB, PeakMemory, StepMemory, large_frees_
 from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
 from art.runtime.trainer.tokenize import tokenize_trajectory
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 WEATHER_TOOL = {
     "type": "function",

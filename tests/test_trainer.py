@@ -14,6 +14,8 @@ from openai.types.chat.chat_completion import Choice
 import art
 from art.runtime.trainer.peft_trainer import PeftTrainer, add_adapter, create_peft_model
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 PEFT_ARGS = art.dev.PeftArgs(r=4, lora_alpha=8)
 PROMPTS = (
     [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "A color?"}],

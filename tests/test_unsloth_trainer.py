@@ -27,6 +27,8 @@ from art.core.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.trainer.unsloth_trainer import INSTALL_HINT, find_unsloth_python
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 if find_unsloth_python() is None:
     pytest.skip(f"no Unsloth environment: {INSTALL_HINT}", allow_module_level=True)
 

@@ -33,6 +33,8 @@ from art.local import LocalBackend
 from art.rewards import ruler_score_group
 from art.viewer import write_page
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
 SCREENS = REPO / ".art" / "screens"

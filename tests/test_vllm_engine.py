@@ -28,6 +28,8 @@ from art.core.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
+
 if find_vllm_python() is None:
     pytest.skip(f"no vLLM environment: {INSTALL_HINT}", allow_module_level=True)
 
