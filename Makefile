@@ -80,8 +80,11 @@ browser:
 
 # The whole suite. pytest prints its 25 slowest tests and the seconds of each module at the
 # end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
+# Two workers (pytest-xdist), each module whole on one of them (tests/conftest.py groups
+# them): much of the suite waits on child processes, servers and imports that use one core.
+PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck docs pytest
 

@@ -78,10 +78,25 @@ def _cpu_name() -> str:
 _MODEL_FIXTURES = {"default_model", "shared_backend", "ray_cluster"}
 
 
+# Modules that start a Ray cluster or a vLLM server run on one pytest-xdist worker, one
+# after another: two at once would compete for the same ports and the memory vLLM reserves.
+_ONE_AT_A_TIME = {
+    "test_benchmarks",
+    "test_ray_backend",
+    "test_serve",
+    "test_unsloth_trainer",
+    "test_vllm_engine",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        # `make test` runs two workers (--dist loadgroup): a module stays whole on one, so
+        # its module fixtures are set up once.
+        module = Path(str(item.fspath)).stem
+        item.add_marker(pytest.mark.xdist_group("children" if module in _ONE_AT_A_TIME else module))
 
 
 @pytest.fixture
