@@ -16,7 +16,8 @@ from ...core.model import Model, TrainableModel
 from ...core.model_store import ModelStore, fork_checkpoint
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
+from ...core.train_options import LocalTrainKeywords, local_train_options
+from ...core.training import run_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 
@@ -162,10 +163,19 @@ class LocalBackend:
                 options,
                 dev_config=options.dev_config.model_copy(update={"kl_ref_adapter_path": reference}),
             )
-        step, metrics = await train_step(self, model, trajectory_groups, options)
+        result = await run_step(
+            model,
+            trajectory_groups,
+            config=options.config,
+            dev_config=options.dev_config,
+            verbose=options.verbose,
+            log=False,
+            backend=self,
+        )
+        step = await self.get_step(model)
         checkpoint = self._store(model).checkpoint_dir(step)
         path = str(checkpoint) if options.report_checkpoint and checkpoint.is_dir() else None
-        return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=path)
+        return LocalTrainResult(step=step, metrics=result.metrics, checkpoint_path=path)
 
     def _reference(self, model: TrainableModel, step: int) -> str:
         """ART's kl_penalty_reference_step: that checkpoint's directory of `model`, as the
@@ -181,7 +191,7 @@ class LocalBackend:
             )
         return str(directory)
 
-    async def _train(
+    async def train_step(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],
@@ -215,7 +225,7 @@ class LocalBackend:
                 )
             return metrics
 
-    async def _train_sft(
+    async def train_sft(
         self,
         model: TrainableModel,
         examples: Iterator[tuple[str, Trajectory]],

@@ -83,7 +83,7 @@ class RayBackend:
         """One training step (ART 0.5.18's call), as `LocalBackend.train`; nothing is logged."""
         return await self._local.train(model, trajectory_groups, **keywords)
 
-    async def _train(
+    async def train_step(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],
@@ -92,11 +92,11 @@ class RayBackend:
         dev_config: dev.TrainConfig,
         verbose: bool,
     ) -> dict[str, float]:
-        return await self._local._train(
+        return await self._local.train_step(
             model, groups, config=config, dev_config=dev_config, verbose=verbose
         )
 
-    async def _train_sft(
+    async def train_sft(
         self,
         model: TrainableModel,
         examples: Iterator[tuple[str, Trajectory]],
@@ -107,7 +107,7 @@ class RayBackend:
     ) -> list[dict[str, float]]:
         """Supervised fine-tuning as `LocalBackend`'s, each batch split over the trainer
         group's workers as a step's groups are."""
-        return await self._local._train_sft(
+        return await self._local.train_sft(
             model, examples, config=config, dev_config=dev_config, verbose=verbose
         )
 
