@@ -24,8 +24,7 @@ from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 logger = logging.getLogger("art")
 
 if TYPE_CHECKING:
-    from ...runtime.process import ServiceProcess
-    from ...runtime.service.model_service import ModelService
+    from ...runtime.service.api import ServiceAPI
     from ...runtime.service.placement import Placement
 
 
@@ -63,9 +62,9 @@ class LocalBackend:
         self.path = os.fspath(path)
         self._placement = placement
         self._locks: dict[str, asyncio.Lock] = {}
-        self._service: ModelService | ServiceProcess | None = None
+        self._service: ServiceAPI | None = None
 
-    def _model_service(self) -> ModelService | ServiceProcess:
+    def _model_service(self) -> ServiceAPI:
         if self._service is None:
             if self.in_process:
                 from ...runtime.service.model_service import ModelService
@@ -210,13 +209,8 @@ class LocalBackend:
                     f"{len(groups)} groups ({trajectories} trajectories), "
                     f"learning_rate={config.learning_rate:g}"
                 )
-            metrics: dict[str, float] = await asyncio.to_thread(
-                service.train,
-                model.project,
-                model.name,
-                [group.model_dump_json() for group in groups],
-                config.model_dump(mode="json"),
-                dev_config.model_dump(mode="json"),
+            metrics = await asyncio.to_thread(
+                service.train, model.project, model.name, groups, config, dev_config
             )
             if verbose:
                 print(
@@ -250,14 +244,14 @@ class LocalBackend:
                         f"batch_size={config.resolved_batch_size()}, making checkpoint "
                         f"{store.step() + 1}"
                     )
-                rows: list[dict[str, float]] = await asyncio.to_thread(
+                rows = await asyncio.to_thread(
                     service.train_sft,
                     model.project,
                     model.name,
                     str(spool),
                     config.learning_rate,
                     config.resolved_batch_size(),
-                    dev_config.model_dump(mode="json"),
+                    dev_config,
                 )
             finally:
                 spool.unlink(missing_ok=True)
@@ -342,7 +336,7 @@ class LocalBackend:
         await self.close()
 
 
-def _transport(service: ModelService | ServiceProcess) -> Any:
+def _transport(service: ServiceAPI) -> Any:
     """The child process's transport, which names the child if it died; None in-process."""
     from ...runtime.process import ServiceProcess, ServiceTransport
 
