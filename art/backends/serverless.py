@@ -49,7 +49,8 @@ from ..core.errors import (
 from ..core.model import Model, TrainableModel
 from ..core.model_store import ModelStore
 from ..core.sft_data import SFTDataError, trajectory_problems
-from ..core.train_options import ServerlessTrainKeywords, serverless_train_options, train_step
+from ..core.train_options import ServerlessTrainKeywords, serverless_train_options
+from ..core.training import run_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
 
@@ -235,13 +236,16 @@ class ServerlessBackend:
         trains with each of them.
         """
         options = serverless_train_options(**keywords)
-        experimental = experimental_config(options.config, options.dev_config)
-
-        async def run(groups: list[TrajectoryGroup]) -> dict[str, float]:
-            return await self._job(model, groups, experimental, options.verbose)
-
         try:
-            step, metrics = await train_step(self, model, trajectory_groups, options, run)
+            result = await run_step(
+                model,
+                trajectory_groups,
+                config=options.config,
+                dev_config=options.dev_config,
+                verbose=options.verbose,
+                log=False,
+                backend=self,
+            )
         except ConfigError as error:
             # art serve names the field by its place in the request; the caller knows it
             # as this keyword.
@@ -250,12 +254,13 @@ class ServerlessBackend:
             raise ConfigError(
                 error.field.removeprefix(_EXPERIMENTAL), error.problem, error.fix
             ) from error
+        step = await self.get_step(model)
         artifact = f"{model.entity}/{model.project}/{model.name}:step{step}"
         return ServerlessTrainResult(
-            step=step, metrics=metrics, artifact_name=artifact if model.entity else None
+            step=step, metrics=result.metrics, artifact_name=artifact if model.entity else None
         )
 
-    async def _train_sft(
+    async def train_sft(
         self,
         model: TrainableModel,
         examples: Iterator[tuple[str, Trajectory]],
@@ -338,7 +343,7 @@ class ServerlessBackend:
         assert upload is not None
         return str(upload["url"])
 
-    async def _train(
+    async def train_step(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],

@@ -82,7 +82,7 @@ class Backend(Protocol):
         """
         ...
 
-    async def _train(
+    async def train_step(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],
@@ -95,11 +95,12 @@ class Backend(Protocol):
 
         Returns the trainer's metrics (loss, grad_norm, ...). With `verbose`, the backend
         prints what it does (the step it trains, the checkpoint it saves or the job it
-        follows). `model.train` and `train` both come here.
+        follows). The one step every caller runs (`art.core.training.run_step`:
+        `model.train`, `train`, PipelineTrainer) checks the groups and comes here.
         """
         ...
 
-    async def _train_sft(
+    async def train_sft(
         self,
         model: TrainableModel,
         examples: Iterator[tuple[str, Trajectory]],
@@ -112,7 +113,8 @@ class Backend(Protocol):
         saved as one new checkpoint and served; returns each batch's metrics.
 
         Every example is checked before any step runs; bad ones raise `SFTDataError`
-        naming each by its `where`, with nothing trained or written.
+        naming each by its `where`, with nothing trained or written. `model.train_sft`
+        and `art.utils.sft` come here through `art.core.training.run_sft`, which logs.
         """
         ...
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
@@ -14,14 +12,13 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
-from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError, TrainingError
+from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
 from .log_checks import check_metrics, check_split
 from .metrics import group_metrics
+from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
-from .validation import check_trainable, coerce_groups
-
-logger = logging.getLogger("art")
+from .validation import coerce_groups
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -223,21 +220,14 @@ class Model(ConfigModel):
         for key, value in (metrics or {}).items():
             row[key] = value
         step = await self.get_step() if step is None else step
-        await self._record(
-            backend, groups, split, step, {f"{split}/{key}": value for key, value in row.items()}
+        await record(
+            backend,
+            self,
+            groups,
+            split,
+            step,
+            {f"{split}/{key}": value for key, value in row.items()},
         )
-
-    async def _record(
-        self,
-        backend: Backend,
-        groups: list[TrajectoryGroup],
-        split: str,
-        step: int,
-        metrics: dict[str, float],
-    ) -> None:
-        """Store groups and a history row, then send the row to W&B where that is on."""
-        await backend.log(self, groups, split=split, step=step, metrics=metrics)
-        observe.history_row(self, step, metrics)
 
     async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
         """Delete every checkpoint but the latest and the one best on the given history metric.
@@ -347,58 +337,7 @@ class TrainableModel(Model):
         grad_norm, entropy, tokens, seconds) is added to `history.jsonl`. Groups whose
         rewards are all equal teach nothing and are skipped, but the step still advances.
         """
-        await self._train_step(trajectory_groups, config, _config, verbose, {})
-
-    async def _train_step(
-        self,
-        trajectory_groups: Iterable[TrajectoryGroup],
-        config: TrainConfig | None,
-        _config: dev.TrainConfig | None,
-        verbose: bool,
-        extra_metrics: dict[str, float],
-    ) -> None:
-        """`train`, with `extra_metrics` added to the step's `train/` history row.
-
-        PipelineTrainer adds its staleness and dropped-group counts this way, so a step
-        keeps one row.
-        """
-        backend = self._registered_backend("train")
-        groups = coerce_groups(trajectory_groups, "trajectory_groups")
-        dev_config = _with_accumulation(config, _config or dev.TrainConfig())
-        check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
-        step = await backend.get_step(self)
-        # The trajectories are stored before training starts, so a failed step loses no
-        # data; the store keeps one copy of each, so a retried step does not log it twice.
-        await backend.log(self, groups, split="train", step=step, metrics={})
-        started = time.monotonic()
-        try:
-            trainer_metrics = await backend._train(
-                self,
-                groups,
-                config=config or TrainConfig(),
-                dev_config=dev_config,
-                verbose=verbose,
-            )
-        except TrainingError as error:
-            if error.step is None:  # the trainer does not know which step it was making
-                error.step = step + 1
-            raise
-        row: dict[str, float] = group_metrics(groups) | trainer_metrics | extra_metrics
-        if row["num_trajectories"] and not row["trainable_groups"]:
-            logger.warning(
-                "%s step %d: every group's rewards are equal, so this step learned nothing; "
-                "a reward (or RULER judge) that tells a group's rollouts apart is needed",
-                self.name,
-                step + 1,
-            )
-        row["train_seconds"] = time.monotonic() - started
-        if self._last_step_end is not None:
-            row["rollout_seconds"] = started - self._last_step_end
-        self._last_step_end = time.monotonic()
-        if verbose:
-            shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(row.items()))
-            print(f"[{self.name}] step {step} -> {step + 1}: {shown}")
-        await self._record(backend, [], "train", step, {f"train/{k}": v for k, v in row.items()})
+        await run_step(self, trajectory_groups, config=config, dev_config=_config, verbose=verbose)
 
     async def train_sft(
         self,
@@ -419,47 +358,7 @@ class TrainableModel(Model):
         trajectories are read once, as they come: a generator need not fit in memory.
         """
         examples = ((f"trajectories[{i}]", t) for i, t in enumerate(trajectories))
-        await self._train_sft(examples, config, _config, verbose)
-
-    async def _train_sft(
-        self,
-        examples: Iterator[tuple[str, Trajectory]],
-        config: TrainSFTConfig | None,
-        _config: dev.TrainSFTConfig | dict[str, Any] | None,
-        verbose: bool,
-    ) -> None:
-        """`train_sft` on examples that each carry where they came from (`file:line`)."""
-        backend = self._registered_backend("train_sft")
-        if isinstance(_config, dict):  # ART's dev.TrainSFTConfig is a dict
-            _config = dev.TrainSFTConfig(**_config)
-        rows = await backend._train_sft(
-            self,
-            examples,
-            config=config or TrainSFTConfig(),
-            dev_config=_config or dev.TrainSFTConfig(),
-            verbose=verbose,
-        )
-        step = await backend.get_step(self)
-        for row in rows:
-            await self._record(
-                backend, [], "train_sft", step, {f"train_sft/{k}": v for k, v in row.items()}
-            )
-
-
-def _with_accumulation(config: TrainConfig | None, dev_config: dev.TrainConfig) -> dev.TrainConfig:
-    """`dev_config` with ART's `TrainConfig.grad_accumulation_sequences` in it; the same
-    setting given two different values is refused."""
-    wanted = None if config is None else config.grad_accumulation_sequences
-    if wanted is None:
-        return dev_config
-    given = dev_config.gradient_accumulation_sequences
-    if given is not None and given != wanted:
-        raise ConfigError(
-            "config.grad_accumulation_sequences",
-            f"is {wanted}, and _config.gradient_accumulation_sequences is {given}",
-            "Set one of them",
-        )
-    return dev_config.model_copy(update={"gradient_accumulation_sequences": wanted})
+        await run_sft(self, examples, config=config, dev_config=_config, verbose=verbose)
 
 
 __all__ = ["Model", "TrainableModel"]

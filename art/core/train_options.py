@@ -46,27 +46,19 @@ trained or written. What each keyword does:
 The rest are ART knobs this version has not built; each is refused unless left at its
 default (`NOT_BUILT` says what it does in ART and what to use instead).
 
-The mapping functions are pure; `train_step` is the one body every backend's `train`
-runs with their result.
+The mapping functions are pure; every backend's `train` runs the one training step
+(`art.core.training.run_step`) with their result.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from . import dev
-from .errors import ConfigError, TrainingError
-from .metrics import group_metrics
-from .trajectories import TrajectoryGroup
+from .errors import ConfigError
 from .types import TrainConfig
-from .validation import check_trainable, coerce_groups
-
-if TYPE_CHECKING:
-    from .backend import Backend
-    from .model import TrainableModel
 
 
 @dataclass(frozen=True)
@@ -303,46 +295,6 @@ def serverless_train_options(
     )
 
 
-async def train_step(
-    backend: Backend,
-    model: TrainableModel,
-    trajectory_groups: Iterable[TrajectoryGroup],
-    options: TrainOptions,
-    run: Callable[[list[TrajectoryGroup]], Awaitable[dict[str, float]]] | None = None,
-) -> tuple[int, dict[str, float]]:
-    """`backend.train`'s body on every backend: check the groups as `model.train` does,
-    take the step through `backend._train` (or `run`, which a backend that sends
-    its job gives), and read the step after; nothing is logged.
-
-    Returns the step and its metrics: the groups' (rewards, exception_rate, ...), the
-    trainer's (loss, grad_norm, ...) and `train_seconds`.
-    """
-    groups = coerce_groups(trajectory_groups, "trajectory_groups")
-    check_trainable(
-        groups, allow_without_logprobs=options.dev_config.allow_training_without_logprobs
-    )
-    before = await backend.get_step(model)
-    started = time.monotonic()
-    try:
-        if run is not None:
-            trainer_metrics = await run(groups)
-        else:
-            trainer_metrics = await backend._train(
-                model,
-                groups,
-                config=options.config,
-                dev_config=options.dev_config,
-                verbose=options.verbose,
-            )
-    except TrainingError as error:
-        if error.step is None:  # the trainer does not know which step it was making
-            error.step = before + 1
-        raise
-    metrics = group_metrics(groups) | trainer_metrics
-    metrics["train_seconds"] = time.monotonic() - started
-    return await backend.get_step(model), metrics
-
-
 def _dev_config(
     *, ppo: bool, epsilon: float | None, epsilon_high: float | None, **fields: Any
 ) -> dev.TrainConfig:
@@ -396,5 +348,4 @@ __all__ = [
     "local_train_options",
     "not_built_error",
     "serverless_train_options",
-    "train_step",
 ]

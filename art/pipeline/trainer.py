@@ -40,6 +40,7 @@ from ..core import dev
 from ..core.errors import ConfigError, RolloutError
 from ..core.model import TrainableModel
 from ..core.model_store import ModelStore
+from ..core.training import run_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import TrainConfig
 from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported
@@ -313,7 +314,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._training = True
         self._status.note_training_start(len(batch))
         try:
-            await self.model._train_step(batch, self.train_config, self.dev_config, False, extra)
+            await run_step(
+                self.model,
+                batch,
+                config=self.train_config,
+                dev_config=self.dev_config,
+                extra_metrics=extra,
+            )
         finally:
             self._training = False
             self._status.note_training_end()

@@ -1,8 +1,9 @@
 """Running the model service in a child process that dies with its parent.
 
-The parent calls `register`, `train` and `close` as on an in-process `ModelService`;
-each call is sent over a local socket and answered with a value or the exception it
-raised (art's errors pickle as themselves). The child watches the socket: when the
+The parent calls `ServiceAPI`'s methods (`register`, `train`, ..., `close`) as on an
+in-process `ModelService`; each call is pickled over a local socket, groups and configs
+as the objects they are, and answered with a value or the exception it raised (art's
+errors pickle as themselves). This proxy is the only place a call is serialized. The child watches the socket: when the
 parent exits, even by SIGKILL, the socket closes and the child exits too.
 
 The child is a fresh `python -m art.runtime.process`, not a multiprocessing
@@ -18,6 +19,7 @@ OpenAI client goes through `ServiceTransport`, which answers 503 saying so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -33,6 +35,7 @@ from typing import Any
 import httpx
 
 from ..core.errors import BackendError
+from .service.api import ServiceAPI
 
 
 def _child_main(connection: Connection, path: str) -> None:
@@ -59,7 +62,8 @@ def _child_main(connection: Connection, path: str) -> None:
 
 
 class ServiceProcess:
-    """A `ModelService` in a child process, called like the in-process one."""
+    """A `ModelService` in a child process: a `ServiceAPI` whose calls, but `close`, are
+    forwarded as they are (`__getattr__`), their arguments and results pickled."""
 
     def __init__(self, path: str) -> None:
         directory = tempfile.mkdtemp(prefix="art-service-")
@@ -99,43 +103,11 @@ class ServiceProcess:
             raise value
         return value
 
-    def register(self, record: dict[str, Any]) -> dict[str, str]:
-        result: dict[str, str] = self._call("register", record)
-        return result
-
-    def train(
-        self,
-        project: str,
-        name: str,
-        groups_json: list[str],
-        config: dict[str, Any],
-        dev_config: dict[str, Any],
-    ) -> dict[str, float]:
-        result: dict[str, float] = self._call(
-            "train", project, name, groups_json, config, dev_config
-        )
-        return result
-
-    def train_sft(
-        self,
-        project: str,
-        name: str,
-        spool: str,
-        learning_rate: float | list[float],
-        batch_size: int,
-        dev_config: dict[str, Any],
-    ) -> list[dict[str, float]]:
-        result: list[dict[str, float]] = self._call(
-            "train_sft", project, name, spool, learning_rate, batch_size, dev_config
-        )
-        return result
-
-    def continue_from_latest(self, project: str, name: str) -> int:
-        step: int = self._call("continue_from_latest", project, name)
-        return step
-
-    def forget_deleted_checkpoints(self, project: str, name: str) -> None:
-        self._call("forget_deleted_checkpoints", project, name)
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        """`ServiceAPI`'s calls (their signatures are stated there), each sent to the child."""
+        if method.startswith("_") or not hasattr(ServiceAPI, method):
+            raise AttributeError(f"{type(self).__name__} has no attribute {method!r}")
+        return functools.partial(self._call, method)
 
     def close(self) -> None:
         if self._process.poll() is None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..core import dev
 from ..core.errors import ArtValueError, ConfigError
 from ..core.model_store import ModelStore, fork_checkpoint
 from ..core.registration import refuse_changed_registration
@@ -188,14 +189,12 @@ class ArtServer:
             job = TrainingJob(body.model_id, sequences, self.journal_dir)
             self._running[body.model_id] = self.jobs[job.id] = job
         record = store.read_model() or {}
-        groups_json = [group.model_dump_json() for group in groups]
-        config_json, dev_json = config.model_dump(mode="json"), dev_config.model_dump(mode="json")
 
         def step() -> tuple[int, list[dict[str, float]]]:
             self.ensure_loaded(store)
             with self.lock(body.model_id):
                 metrics = self.service.train(
-                    record["project"], record["name"], groups_json, config_json, dev_json
+                    record["project"], record["name"], groups, config, dev_config
                 )
             return store.step(), [metrics]
 
@@ -240,7 +239,7 @@ class ArtServer:
                             str(spool),
                             config.learning_rate,
                             batch_size,
-                            {},
+                            dev.TrainSFTConfig(),
                         )
                     finally:
                         spool.unlink(missing_ok=True)

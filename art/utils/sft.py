@@ -22,6 +22,7 @@ from ..core.sft_data import (
     create_lr_schedule,
     iterate_file,
 )
+from ..core.training import run_sft
 from ..core.types import TrainSFTConfig
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ async def train_sft_from_file(
         len(rates) * batch_size,
     )
     config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size)
-    await model._train_sft(examples, config, _config, verbose)
+    await run_sft(model, examples, config=config, dev_config=_config, verbose=verbose)
 
 
 def _check_arguments(

@@ -16,15 +16,15 @@ from ...core.model import Model, TrainableModel
 from ...core.model_store import ModelStore, fork_checkpoint
 from ...core.registration import refuse_changed_registration
 from ...core.sft_data import spool_examples
-from ...core.train_options import LocalTrainKeywords, local_train_options, train_step
+from ...core.train_options import LocalTrainKeywords, local_train_options
+from ...core.training import run_step
 from ...core.trajectories import Trajectory, TrajectoryGroup
 from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 
 logger = logging.getLogger("art")
 
 if TYPE_CHECKING:
-    from ...runtime.process import ServiceProcess
-    from ...runtime.service.model_service import ModelService
+    from ...runtime.service.api import ServiceAPI
     from ...runtime.service.placement import Placement
 
 
@@ -62,9 +62,9 @@ class LocalBackend:
         self.path = os.fspath(path)
         self._placement = placement
         self._locks: dict[str, asyncio.Lock] = {}
-        self._service: ModelService | ServiceProcess | None = None
+        self._service: ServiceAPI | None = None
 
-    def _model_service(self) -> ModelService | ServiceProcess:
+    def _model_service(self) -> ServiceAPI:
         if self._service is None:
             if self.in_process:
                 from ...runtime.service.model_service import ModelService
@@ -162,10 +162,19 @@ class LocalBackend:
                 options,
                 dev_config=options.dev_config.model_copy(update={"kl_ref_adapter_path": reference}),
             )
-        step, metrics = await train_step(self, model, trajectory_groups, options)
+        result = await run_step(
+            model,
+            trajectory_groups,
+            config=options.config,
+            dev_config=options.dev_config,
+            verbose=options.verbose,
+            log=False,
+            backend=self,
+        )
+        step = await self.get_step(model)
         checkpoint = self._store(model).checkpoint_dir(step)
         path = str(checkpoint) if options.report_checkpoint and checkpoint.is_dir() else None
-        return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=path)
+        return LocalTrainResult(step=step, metrics=result.metrics, checkpoint_path=path)
 
     def _reference(self, model: TrainableModel, step: int) -> str:
         """ART's kl_penalty_reference_step: that checkpoint's directory of `model`, as the
@@ -181,7 +190,7 @@ class LocalBackend:
             )
         return str(directory)
 
-    async def _train(
+    async def train_step(
         self,
         model: TrainableModel,
         groups: list[TrajectoryGroup],
@@ -200,13 +209,8 @@ class LocalBackend:
                     f"{len(groups)} groups ({trajectories} trajectories), "
                     f"learning_rate={config.learning_rate:g}"
                 )
-            metrics: dict[str, float] = await asyncio.to_thread(
-                service.train,
-                model.project,
-                model.name,
-                [group.model_dump_json() for group in groups],
-                config.model_dump(mode="json"),
-                dev_config.model_dump(mode="json"),
+            metrics = await asyncio.to_thread(
+                service.train, model.project, model.name, groups, config, dev_config
             )
             if verbose:
                 print(
@@ -215,7 +219,7 @@ class LocalBackend:
                 )
             return metrics
 
-    async def _train_sft(
+    async def train_sft(
         self,
         model: TrainableModel,
         examples: Iterator[tuple[str, Trajectory]],
@@ -240,14 +244,14 @@ class LocalBackend:
                         f"batch_size={config.resolved_batch_size()}, making checkpoint "
                         f"{store.step() + 1}"
                     )
-                rows: list[dict[str, float]] = await asyncio.to_thread(
+                rows = await asyncio.to_thread(
                     service.train_sft,
                     model.project,
                     model.name,
                     str(spool),
                     config.learning_rate,
                     config.resolved_batch_size(),
-                    dev_config.model_dump(mode="json"),
+                    dev_config,
                 )
             finally:
                 spool.unlink(missing_ok=True)
@@ -332,7 +336,7 @@ class LocalBackend:
         await self.close()
 
 
-def _transport(service: ModelService | ServiceProcess) -> Any:
+def _transport(service: ServiceAPI) -> Any:
     """The child process's transport, which names the child if it died; None in-process."""
     from ...runtime.process import ServiceProcess, ServiceTransport
 

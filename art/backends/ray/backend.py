@@ -11,20 +11,43 @@ rank 0 writes each checkpoint where this process's service put its temporary dir
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Unpack
+from collections.abc import Callable
+from types import MethodType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
-from ...core import dev
-from ...core.backend import InferenceEndpoint
-from ...core.model import Model, TrainableModel
-from ...core.train_options import LocalTrainKeywords
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
+from ...core.model import TrainableModel
 from ..local.backend import LocalBackend
 from .config import RayConfig
 
 if TYPE_CHECKING:
     from .placement import RayPlacement
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _OfLocal(Generic[P, R]):
+    """A `LocalBackend` method that `RayBackend` offers as its own, called on the
+    LocalBackend it holds: the delegation declared once, with the method's signature."""
+
+    def __init__(self, method: Callable[Concatenate[LocalBackend, P], R]) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, backend: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, backend: RayBackend, owner: type[Any] | None = None) -> Callable[P, R]: ...
+
+    def __get__(
+        self, backend: RayBackend | None, owner: type[Any] | None = None
+    ) -> Self | Callable[P, R]:
+        if backend is None:
+            return self
+        bound: Callable[P, R] = MethodType(self._method, backend._local)
+        return bound
 
 
 class RayBackend:
@@ -52,79 +75,23 @@ class RayBackend:
     def __repr__(self) -> str:
         return f"RayBackend(path={self.path!r}, config={self.config!r})"
 
-    async def register(self, model: Model) -> InferenceEndpoint | None:
-        return await self._local.register(model)
-
-    async def get_step(self, model: Model) -> int:
-        return await self._local.get_step(model)
+    # The Backend protocol and ART's extras, as LocalBackend's: its service runs the
+    # engines and trainers on the cluster (`RayPlacement`), so each call is its call.
+    register = _OfLocal(LocalBackend.register)
+    get_step = _OfLocal(LocalBackend.get_step)
+    log = _OfLocal(LocalBackend.log)
+    train = _OfLocal(LocalBackend.train)
+    train_step = _OfLocal(LocalBackend.train_step)
+    train_sft = _OfLocal(LocalBackend.train_sft)  # each batch split over the trainer group
+    delete_checkpoints = _OfLocal(LocalBackend.delete_checkpoints)
+    close = _OfLocal(LocalBackend.close)
+    _experimental_fork_checkpoint = _OfLocal(LocalBackend._experimental_fork_checkpoint)
+    _delete_checkpoint_files = _OfLocal(LocalBackend._delete_checkpoint_files)
 
     def _supports_concurrent_training_and_inference(self, model: TrainableModel) -> bool:
         """Always: the replicas serve while the trainer group trains, and the router never
         pauses them (PipelineTrainer asks)."""
         return True
-
-    async def log(
-        self,
-        model: Model,
-        groups: list[TrajectoryGroup],
-        *,
-        split: str,
-        step: int,
-        metrics: dict[str, float],
-    ) -> None:
-        await self._local.log(model, groups, split=split, step=step, metrics=metrics)
-
-    async def train(
-        self,
-        model: TrainableModel,
-        trajectory_groups: Iterable[TrajectoryGroup],
-        **keywords: Unpack[LocalTrainKeywords],
-    ) -> LocalTrainResult:
-        """One training step (ART 0.5.18's call), as `LocalBackend.train`; nothing is logged."""
-        return await self._local.train(model, trajectory_groups, **keywords)
-
-    async def _train(
-        self,
-        model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        *,
-        config: TrainConfig,
-        dev_config: dev.TrainConfig,
-        verbose: bool,
-    ) -> dict[str, float]:
-        return await self._local._train(
-            model, groups, config=config, dev_config=dev_config, verbose=verbose
-        )
-
-    async def _train_sft(
-        self,
-        model: TrainableModel,
-        examples: Iterator[tuple[str, Trajectory]],
-        *,
-        config: TrainSFTConfig,
-        dev_config: dev.TrainSFTConfig,
-        verbose: bool,
-    ) -> list[dict[str, float]]:
-        """Supervised fine-tuning as `LocalBackend`'s, each batch split over the trainer
-        group's workers as a step's groups are."""
-        return await self._local._train_sft(
-            model, examples, config=config, dev_config=dev_config, verbose=verbose
-        )
-
-    async def _experimental_fork_checkpoint(
-        self, model: Model, from_model: str, **options: Any
-    ) -> None:
-        """As `LocalBackend._experimental_fork_checkpoint`."""
-        await self._local._experimental_fork_checkpoint(model, from_model, **options)
-
-    async def _delete_checkpoint_files(self, model: Model, steps_to_keep: list[int]) -> list[int]:
-        """As `LocalBackend._delete_checkpoint_files`."""
-        return await self._local._delete_checkpoint_files(model, steps_to_keep)
-
-    async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
-        return await self._local.delete_checkpoints(
-            model, best_checkpoint_metric=best_checkpoint_metric
-        )
 
     def status(self) -> dict[str, Any]:
         """Each engine's replicas (`Replica.status()`, None while restarting), the replica
@@ -137,10 +104,6 @@ class RayBackend:
             "failures": [line for router in routers for line in router.failures],
             "restarts": sum(router.restarts for router in routers),
         }
-
-    async def close(self) -> None:
-        """Stop the replicas and trainer workers; stored files stay."""
-        await self._local.close()
 
     async def __aenter__(self) -> RayBackend:
         return self

@@ -19,8 +19,9 @@ Lock order, outermost first; a lock is never taken while holding one below it:
 Jobs on the torch thread take only the engine's locks (4), so a caller may hold 1-3
 while it waits for one.
 
-Its methods take and return plain JSON-like values, so the same object can be called
-in this process or, through `art.runtime.process`, in a child process.
+It implements `ServiceAPI` (`api.py`), so a backend calls the same methods in this process,
+with its groups and configs as the objects they are, or, through the typed proxy of
+`art.runtime.process`, in a child process.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from ...core.model_store import ModelStore
 from ...core.registration import refuse_changed_config, refuse_changed_registration
 from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
-from ...core.validation import check_trainable
 from .. import models
 from ..chat_format import chat_rendering
 from ..endpoint.response import Route, no_release
@@ -414,19 +414,15 @@ class ModelService:
         self,
         project: str,
         name: str,
-        groups_json: list[str],
-        config: dict[str, Any],
-        dev_config: dict[str, Any],
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        dev_config: dev.TrainConfig,
     ) -> dict[str, float]:
-        """One training step; the new adapter is saved as the next checkpoint and served."""
+        """One training step on checked `groups` (`model.train` and `art serve` check them
+        first); the new adapter is saved as the next checkpoint and served."""
         trained = self._registered(project, name)
-        groups = [TrajectoryGroup.model_validate_json(text) for text in groups_json]
-        objective = dev.TrainConfig.model_validate(dev_config)
-        # Again here, for callers that reach the service without `model.train` (art serve).
-        check_trainable(groups, allow_without_logprobs=objective.allow_training_without_logprobs)
-        checked = TrainConfig.model_validate(config)
-        _check_kl_reference(checked, objective)
-        return train_step(trained, groups, checked, objective, self._torch)
+        _check_kl_reference(config, dev_config)
+        return train_step(trained, groups, config, dev_config, self._torch)
 
     def train_sft(
         self,
@@ -435,7 +431,7 @@ class ModelService:
         spool: str,
         learning_rate: float | list[float],
         batch_size: int,
-        dev_config: dict[str, Any],
+        dev_config: dev.TrainSFTConfig,
     ) -> list[dict[str, float]]:
         """Supervised fine-tuning on the examples spooled at `spool` (checked first), one
         step per batch; the adapter is saved as the next checkpoint and served."""
@@ -444,7 +440,7 @@ class ModelService:
             Path(spool),
             learning_rate,
             batch_size,
-            dev.TrainSFTConfig.model_validate(dev_config),
+            dev_config,
             self._torch,
         )
 

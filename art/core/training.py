@@ -1,0 +1,163 @@
+"""One training step, written once: what every caller of a step runs.
+
+`model.train`, each backend's `train` (ART 0.5.18's `backend.train`), PipelineTrainer
+and `model.train_sft` / `art.utils.sft` all come here; the backend's part is its public
+`Backend.train_step` (or `Backend.train_sft`), which trains checked groups and nothing
+more. What a step does, in order:
+
+1. coerce the groups and check that something in them is trainable (an error before
+   anything is written);
+2. with `log`, store the groups under the `train` split of the current step, so a failed
+   step loses no data;
+3. `backend.train_step`: one optimizer step, saved as checkpoint `step + 1` and served;
+   a `TrainingError` that does not know its step is given `step + 1`;
+4. the step's metrics: the groups' (rewards, exception_rate, ...), the trainer's (loss,
+   grad_norm, ...) and `train_seconds`; with `log`, also `rollout_seconds` (since the
+   previous step ended) and any `extra_metrics`, stored as one `train/` history row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import dev, observe
+from .errors import ConfigError, TrainingError
+from .metrics import group_metrics
+from .trajectories import Trajectory, TrajectoryGroup
+from .types import TrainConfig, TrainSFTConfig
+from .validation import check_trainable, coerce_groups
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .model import Model, TrainableModel
+
+logger = logging.getLogger("art")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's outcome: the step it trained from (its new checkpoint is `step + 1`)
+    and its metrics, unprefixed."""
+
+    step: int
+    metrics: dict[str, float]
+
+
+async def run_step(
+    model: TrainableModel,
+    trajectory_groups: Iterable[TrajectoryGroup],
+    *,
+    config: TrainConfig | None = None,
+    dev_config: dev.TrainConfig | None = None,
+    verbose: bool = False,
+    log: bool = True,
+    extra_metrics: dict[str, float] | None = None,
+    backend: Backend | None = None,
+) -> StepResult:
+    """One training step of `model` on `trajectory_groups` (see the module docstring).
+
+    `backend` is the model's own unless given (ART's `backend.train(model, ...)` gives
+    itself); `log=False` is that call's: nothing is stored. `extra_metrics` join the
+    step's `train/` row (PipelineTrainer's staleness and dropped-group counts), so a
+    step keeps one row.
+    """
+    backend = backend or model._registered_backend("train")
+    config = config or TrainConfig()
+    groups = coerce_groups(trajectory_groups, "trajectory_groups")
+    dev_config = _with_accumulation(config, dev_config or dev.TrainConfig())
+    check_trainable(groups, allow_without_logprobs=dev_config.allow_training_without_logprobs)
+    step = await backend.get_step(model)
+    if log:
+        # The store keeps one copy of each trajectory, so a retried step does not log it twice.
+        await backend.log(model, groups, split="train", step=step, metrics={})
+    started = time.monotonic()
+    try:
+        trainer_metrics = await backend.train_step(
+            model, groups, config=config, dev_config=dev_config, verbose=verbose
+        )
+    except TrainingError as error:
+        if error.step is None:  # the trainer does not know which step it was making
+            error.step = step + 1
+        raise
+    metrics: dict[str, float] = group_metrics(groups) | trainer_metrics | (extra_metrics or {})
+    metrics["train_seconds"] = time.monotonic() - started
+    if not log:
+        return StepResult(step, metrics)
+    if metrics["num_trajectories"] and not metrics["trainable_groups"]:
+        logger.warning(
+            "%s step %d: every group's rewards are equal, so this step learned nothing; "
+            "a reward (or RULER judge) that tells a group's rollouts apart is needed",
+            model.name,
+            step + 1,
+        )
+    if model._last_step_end is not None:
+        metrics["rollout_seconds"] = started - model._last_step_end
+    model._last_step_end = time.monotonic()
+    if verbose:
+        shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
+        print(f"[{model.name}] step {step} -> {step + 1}: {shown}")
+    await record(backend, model, [], "train", step, {f"train/{k}": v for k, v in metrics.items()})
+    return StepResult(step, metrics)
+
+
+async def run_sft(
+    model: TrainableModel,
+    examples: Iterator[tuple[str, Trajectory]],
+    *,
+    config: TrainSFTConfig | None = None,
+    dev_config: dev.TrainSFTConfig | dict[str, Any] | None = None,
+    verbose: bool = False,
+) -> None:
+    """Supervised fine-tuning of `model` on `examples` (each `(where, trajectory)`, read
+    once) through its backend's `train_sft`; one `train_sft/` history row per batch."""
+    backend = model._registered_backend("train_sft")
+    if isinstance(dev_config, dict):  # ART's dev.TrainSFTConfig is a dict
+        dev_config = dev.TrainSFTConfig(**dev_config)
+    rows = await backend.train_sft(
+        model,
+        examples,
+        config=config or TrainSFTConfig(),
+        dev_config=dev_config or dev.TrainSFTConfig(),
+        verbose=verbose,
+    )
+    step = await backend.get_step(model)
+    for row in rows:
+        await record(
+            backend, model, [], "train_sft", step, {f"train_sft/{k}": v for k, v in row.items()}
+        )
+
+
+async def record(
+    backend: Backend,
+    model: Model,
+    groups: list[TrajectoryGroup],
+    split: str,
+    step: int,
+    metrics: dict[str, float],
+) -> None:
+    """Store groups and a history row, then send the row to W&B where that is on."""
+    await backend.log(model, groups, split=split, step=step, metrics=metrics)
+    observe.history_row(model, step, metrics)
+
+
+def _with_accumulation(config: TrainConfig, dev_config: dev.TrainConfig) -> dev.TrainConfig:
+    """`dev_config` with ART's `TrainConfig.grad_accumulation_sequences` in it; the same
+    setting given two different values is refused."""
+    wanted = config.grad_accumulation_sequences
+    if wanted is None:
+        return dev_config
+    given = dev_config.gradient_accumulation_sequences
+    if given is not None and given != wanted:
+        raise ConfigError(
+            "config.grad_accumulation_sequences",
+            f"is {wanted}, and _config.gradient_accumulation_sequences is {given}",
+            "Set one of them",
+        )
+    return dev_config.model_copy(update={"gradient_accumulation_sequences": wanted})
+
+
+__all__ = ["StepResult", "record", "run_sft", "run_step"]
