@@ -98,7 +98,8 @@ TEST_SEEDS ?= 1 2 3 4 5
 test-seeds: venv venv-vllm venv-unsloth
 	@for seed in $(TEST_SEEDS); do \
 		echo "== ART_TEST_SEED=$$seed"; \
-		ART_TEST_SEED=$$seed $(BIN)/pytest -m sampling -p no:cacheprovider --durations=0 -q || exit 1; \
+		ART_TEST_SEED=$$seed $(BIN)/pytest -m sampling -n $(PYTEST_WORKERS) --dist loadgroup \
+			-p no:cacheprovider -q || exit 1; \
 	done
 
 # On a machine with a CUDA GPU: the CUDA-only tests and the CUDA benchmarks, in one go.
