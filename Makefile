@@ -64,7 +64,7 @@ docs: venv
 docs-serve: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
-# Headless Chromium for the run viewer's test (tests/test_viewer.py), from Debian's package.
+# Headless Chromium for the run viewer's test (tests/viewer/test_viewer.py), from Debian's package.
 # Installed only where it is missing and we are root with apt-get; otherwise (or if the
 # install fails, e.g. offline) that test skips and says why.
 browser:
@@ -73,9 +73,9 @@ browser:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing chromium (apt-get) for the viewer's browser test"; \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
-			|| echo "could not install chromium: tests/test_viewer.py's browser checks will skip"; \
+			|| echo "could not install chromium: tests/viewer/test_viewer.py's browser checks will skip"; \
 	else \
-		echo "no chromium and no root apt-get: tests/test_viewer.py's browser checks will skip"; \
+		echo "no chromium and no root apt-get: tests/viewer/test_viewer.py's browser checks will skip"; \
 	fi
 
 # The whole suite. pytest prints its 25 slowest tests and the seconds of each module at the

@@ -1,7 +1,7 @@
 """How far the sampler's logprobs are from the trainer's, per decoding path, in bf16.
 
 GRPO's importance ratio divides the trainer's probability of each sampled token by the
-sampler's. In fp32 the two agree to 1e-4 on every path (tests/test_decode_paths.py); in
+sampler's. In fp32 the two agree to 1e-4 on every path (tests/runtime/test_decode_paths.py); in
 bf16 they never agree exactly, since decoding with a KV cache rounds differently from
 one full-sequence pass. This prints, for each path the transformers engine can take,
 |sampler logprob - trainer logprob| over the sampled tokens:

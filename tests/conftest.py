@@ -95,8 +95,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.model)
         # `make test` runs two workers (--dist loadgroup): a module stays whole on one, so
         # its module fixtures are set up once.
-        module = Path(str(item.fspath)).stem
-        item.add_marker(pytest.mark.xdist_group("children" if module in _ONE_AT_A_TIME else module))
+        if item.config.pluginmanager.hasplugin("xdist"):
+            module = Path(str(item.fspath)).stem
+            group = "children" if module in _ONE_AT_A_TIME else module
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

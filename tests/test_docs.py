@@ -126,7 +126,7 @@ def named_by_a_test(path: str) -> bool:
     name = Path(path).name
     return any(
         name in test.read_text()
-        for test in (REPO / "tests").glob("test_*.py")
+        for test in (REPO / "tests").rglob("test_*.py")
         if test.name != Path(__file__).name
     )
 

@@ -1,4 +1,4 @@
-"""The documentation site in a real browser: headless Chromium, as tests/test_viewer.py.
+"""The documentation site in a real browser: headless Chromium, as tests/viewer/test_viewer.py.
 
 The site is built strictly and served on 127.0.0.1 (Material's search loads its index over
 HTTP); the home page and one guide are opened, their navigation checked and a screenshot

@@ -10,7 +10,7 @@ on CUDA. Both counters, and glibc's mmap threshold a CPU step lowers, are the pr
 
 The per-token figures count the tensors a decoder layer of the Llama family saves for
 backward (its norms, q/k/v, attention output, the MLP's gate/up/activation products),
-so they follow the model's shape and dtype; tests/test_train_memory.py checks the
+so they follow the model's shape and dtype; tests/runtime/test_train_memory.py checks the
 estimate against the measured peak on the default model.
 """
 

@@ -109,7 +109,7 @@ def test_what_is_written_atomically_gets_the_mode_the_users_umask_gives(
             umask=umask,
             check=True,
             timeout=120,
-            env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+            env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
     run = tmp_path / "run"
     files = [run / "report.html", run / "checkpoint" / "adapter.bin"] + [

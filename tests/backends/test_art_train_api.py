@@ -31,7 +31,7 @@ from art.serverless.backend import ServerlessBackend
 
 pytestmark = pytest.mark.model  # loads the default model or starts a model service
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]

@@ -41,7 +41,7 @@ sys.stdin.read()
 @contextmanager
 def child_asking(base: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A child process that asks for the lock of `base`'s model; yields it and its answer."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),

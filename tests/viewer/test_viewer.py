@@ -36,7 +36,7 @@ from art.viewer import write_page
 pytestmark = pytest.mark.model  # loads the default model or starts a model service
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCREENS = REPO / ".art" / "screens"
 WEATHER = {"Paris": "sunny, 21C", "Oslo": "snow, -3C"}
 

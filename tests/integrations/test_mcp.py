@@ -40,9 +40,9 @@ from art.mcp import (
     reward_scorer,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTES_SERVER = ROOT / "examples" / "mcp_notes_server.py"
-TOOL_SERVER = Path(__file__).resolve().parent / "mcp_tool_server.py"
+TOOL_SERVER = Path(__file__).resolve().parents[1] / "mcp_tool_server.py"
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 NOTES_TOOLS = {"add_note", "list_notes", "search_notes", "read_note", "delete_note"}
 

@@ -383,7 +383,7 @@ import asyncio, itertools, sys
 import art
 from art.local import LocalBackend
 from art.pipeline_trainer import PipelineTrainer
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]  # helpers, and this module
 from test_pipeline_trainer import DEDICATED, rollout, scenario
 
 async def main():
@@ -402,7 +402,9 @@ asyncio.run(main())
 async def test_a_killed_run_resumes_at_its_last_step(tmp_path: Path) -> None:
     path = tmp_path / ".art"
     directory = path / "pipeline" / "models" / "killed"
-    script = _KILLED_RUN.format(tests=str(Path(__file__).parent), path=str(path))
+    script = _KILLED_RUN.format(
+        tests=str(Path(__file__).parents[1]), here=str(Path(__file__).parent), path=str(path)
+    )
     log = tmp_path / "killed.log"
     with log.open("wb") as output:
         child = await asyncio.create_subprocess_exec(
@@ -466,7 +468,7 @@ async def single_rollout(model: art.TrainableModel, scenario: dict[str, Any], co
 
 
 def run_example(path: Path, *options: str) -> str:
-    example = Path(__file__).parent.parent / "examples" / "pipeline.py"
+    example = Path(__file__).parents[2] / "examples" / "pipeline.py"
     small = ["--groups", "1", "--group-size", "2", "--tool-seconds", "0"]
     result = subprocess.run(
         [sys.executable, str(example), "--path", str(path), *small, *options],

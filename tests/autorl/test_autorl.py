@@ -18,7 +18,7 @@ from art.autorl import GeneratedInputs, InputGenerationError, generate_inputs, n
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TASK = "Answer customer questions about our shop's return policy, politely and correctly."
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def batch(*texts: str) -> str:
