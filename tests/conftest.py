@@ -89,6 +89,9 @@ _ONE_AT_A_TIME = {
 }
 
 
+# First, so that xdist's own hook, which reads the group marks into the test ids it
+# schedules by, sees them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
