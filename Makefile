@@ -80,11 +80,12 @@ browser:
 
 # The whole suite. pytest prints its 25 slowest tests and the seconds of each module at the
 # end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
-# Two workers (pytest-xdist), each module whole on one of them (tests/conftest.py groups
-# them): much of the suite waits on child processes, servers and imports that use one core.
+# Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
+# child processes, servers and imports that use one core. What must not run twice at once
+# (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time).
 PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck docs pytest
 
@@ -98,7 +99,7 @@ TEST_SEEDS ?= 1 2 3 4 5
 test-seeds: venv venv-vllm venv-unsloth
 	@for seed in $(TEST_SEEDS); do \
 		echo "== ART_TEST_SEED=$$seed"; \
-		ART_TEST_SEED=$$seed $(BIN)/pytest -m sampling -n $(PYTEST_WORKERS) --dist loadgroup \
+		ART_TEST_SEED=$$seed $(BIN)/pytest -m sampling -n $(PYTEST_WORKERS) --dist loadfile \
 			-p no:cacheprovider -q || exit 1; \
 	done
 

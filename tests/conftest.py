@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from helpers import JsonHandler, serving
+from helpers import JsonHandler, one_at_a_time, serving
 
 if TYPE_CHECKING:
     from art.local import LocalBackend
@@ -78,30 +78,9 @@ def _cpu_name() -> str:
 _MODEL_FIXTURES = {"default_model", "shared_backend", "ray_cluster"}
 
 
-# Modules that start a Ray cluster or a vLLM server run on one pytest-xdist worker, one
-# after another: two at once would compete for the same ports and the memory vLLM reserves.
-_ONE_AT_A_TIME = {
-    "test_benchmarks",
-    "test_ray_backend",
-    "test_serve",
-    "test_unsloth_trainer",
-    "test_vllm_engine",
-}
-
-
-# First, so that xdist's own hook, which reads the group marks into the test ids it
-# schedules by, sees them.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.model)
-        # `make test` runs two workers (--dist loadgroup): a module stays whole on one, so
-        # its module fixtures are set up once.
-        if item.config.pluginmanager.hasplugin("xdist"):
-            module = Path(str(item.fspath)).stem
-            group = "children" if module in _ONE_AT_A_TIME else module
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture
@@ -243,15 +222,19 @@ def default_model() -> tuple[Any, Any]:
     return load(resolve(DEFAULT_MODEL), "float32")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the session. Its logical CPUs exceed this machine's cores:
-    Ray reserves them for placement, and the tests' actors are mostly idle."""
+    """A local Ray cluster for the module, the only one on the machine while it runs. Its
+    logical CPUs exceed this machine's cores: Ray reserves them for placement, and the
+    tests' actors are mostly idle."""
     import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with one_at_a_time("ray"):
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,3 +114,19 @@ def assert_a_step_learned(run_dir: Path) -> None:
     counts = trainable_groups(run_dir)
     assert counts, f"no training step in {run_dir / 'history.jsonl'}"
     assert max(counts) > 0, f"every group's rewards were equal at each step: {counts}"
+
+
+@contextmanager
+def one_at_a_time(name: str) -> Iterator[None]:
+    """Hold the lock `name` across every process of this machine's test runs.
+
+    `make test` runs two pytest workers; what must not run twice at once (a Ray cluster,
+    a vLLM server and the memory it reserves) takes its lock for as long as it runs.
+    """
+    path = Path(tempfile.gettempdir()) / f"art-tests-{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import one_at_a_time
 
 from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 from art.runtime.trainer.unsloth_trainer import INSTALL_HINT as UNSLOTH_HINT
@@ -162,7 +163,9 @@ def run_quick(script: str, *options: str) -> str:
 def test_the_quick_setting_runs_to_its_report(
     script: str, options: list[str], expected: list[str]
 ) -> None:
-    output = run_quick(script, *options)
+    # The engines benchmark starts vLLM, ray_replicas a Ray cluster: one of each at a time.
+    with one_at_a_time({"engines": "vllm", "ray_replicas": "ray"}.get(script, script)):
+        output = run_quick(script, *options)
     missing = [line for line in expected if line not in output]
     assert not missing, f"{missing} not in the output of {script}.py --quick:\n{output[-3000:]}"
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
+from helpers import one_at_a_time
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -258,6 +259,11 @@ async def test_its_checkpoint_is_served_by_the_vllm_engine(tmp_path: Path) -> No
 
     if find_vllm_python() is None:
         pytest.skip("no vLLM environment: run `make venv-vllm` (or set ART_VLLM_PYTHON)")
+    with one_at_a_time("vllm"):
+        await _serve_a_checkpoint_with_vllm(tmp_path)
+
+
+async def _serve_a_checkpoint_with_vllm(tmp_path: Path) -> None:
     backend = LocalBackend(path=tmp_path / ".art", in_process=True)
     try:
         model = art.TrainableModel(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
+from helpers import one_at_a_time
 from openai import APIStatusError, AsyncOpenAI
 
 import art
@@ -51,9 +52,10 @@ WEATHER_TOOL = {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
-    backend = LocalBackend(path=tmp_path_factory.mktemp("vllm") / ".art", in_process=True)
-    yield backend
-    await backend.close()
+    with one_at_a_time("vllm"):  # the module's vLLM servers are the only ones running
+        backend = LocalBackend(path=tmp_path_factory.mktemp("vllm") / ".art", in_process=True)
+        yield backend
+        await backend.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
