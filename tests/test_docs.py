@@ -219,14 +219,16 @@ def test_a_broken_snippet_fails_its_run(tmp_path: Path) -> None:
 @pytest.mark.sampling
 def test_the_loops_shown_train_a_step_that_learns(snippet: str, run: str, tmp_path: Path) -> None:
     """The README's loop and the getting-started template, their `main` run where a user
-    would start them: the rewards tell some group's rollouts apart. Two steps, as one
-    group of 8 answers to "2 + 3" came out all equal once (CI, a CPU without AVX512)."""
+    would start them: the rewards tell some group's rollouts apart. Their rewards rank
+    answers of the same credit by length, since a group of 8 answers to "2 + 3" all worth
+    0.5 came out twice in a row (two steps, CI, a CPU without AVX512): a loop that trains
+    nothing. One step each; `make test-seeds` runs it under five seeds."""
     result = subprocess.run(
         [
             sys.executable,
             "-c",
             "import asyncio, runpy; asyncio.run(runpy.run_path("
-            f"{str(SNIPPETS / snippet)!r}, run_name='docs_snippet')['main'](steps=2))",
+            f"{str(SNIPPETS / snippet)!r}, run_name='docs_snippet')['main'](steps=1))",
         ],
         cwd=tmp_path,
         capture_output=True,

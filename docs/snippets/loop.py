@@ -13,10 +13,13 @@ SCENARIOS = ["What is 2 + 3?", "What is 7 + 5?", "What is 9 + 4?"]
 
 
 def score(answer: str | None, scenario: str) -> float:
-    """Your reward: here 1.0 for the sum alone, 0.5 for the sum among other words."""
+    """Your reward: here 1.0 for the sum alone, 0.5 for the sum among other words, less a
+    thousandth per character, so that among equals the shorter answer wins: a group whose
+    rewards are all equal teaches the model nothing."""
     a, b = (int(n) for n in scenario.removeprefix("What is ").rstrip("?").split(" + "))
     text = (answer or "").strip().rstrip(".")
-    return 1.0 if text == str(a + b) else 0.5 if str(a + b) in re.findall(r"\d+", text) else 0.0
+    correct = 1.0 if text == str(a + b) else 0.5 if str(a + b) in re.findall(r"\d+", text) else 0.0
+    return correct - len(text) / 1000
 
 
 async def rollout(model: art.Model, scenario: str) -> art.Trajectory:

@@ -11,6 +11,7 @@ async def rollout(model: art.Model, question: str) -> art.Trajectory:
     )
     answer = (completion.choices[0].message.content or "").strip()
     reward = 1.0 if answer == "5" else 0.5 if "5" in answer else 0.0  # partial credit
+    reward -= len(answer) / 1000  # among equals the shorter wins: a tied group teaches nothing
     return art.Trajectory(messages_and_choices=[*messages, completion.choices[0]], reward=reward)
 
 
