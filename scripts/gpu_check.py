@@ -104,7 +104,7 @@ def run() -> int:
     # LangGraph, MCP, ...) a GPU machine's image need not have.
     modules = sorted(
         str(path.relative_to(ROOT))
-        for path in (ROOT / "tests").glob("test_*.py")
+        for path in (ROOT / "tests").rglob("test_*.py")
         if "pytest.mark.cuda" in path.read_text()
     )
     step(
