@@ -200,7 +200,10 @@ class PeftTrainer:
         # parameters, and no other adapter's, require grad.
         self.adapter = model.active_adapter
         model.set_adapter(self.adapter)
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        # Held by name so that a step's walks do not grow with the adapters of the other
+        # models sharing this base (one service hosts many: each adds LoRA modules).
+        self._named_parameters = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.parameters = list(self._named_parameters.values())
         if not self.parameters:
             raise TrainingError(f"adapter {self.adapter!r} has no trainable parameters")
         self.device = self.parameters[0].device
@@ -220,6 +223,18 @@ class PeftTrainer:
         # trained positions only; LoRA layers sit inside them, so the adapter still acts.
         causal_lm = cast("PreTrainedModel", model.get_base_model())
         self._causal_lm = causal_lm
+        base_modules = [
+            (name, module)
+            for name, module in causal_lm.named_modules()
+            if ".lora_" not in name and not name.startswith("lora_")
+        ]
+        self._base_dropouts = [
+            module for _, module in base_modules if isinstance(module, torch.nn.Dropout)
+        ]
+        # What transformers' `is_activation_checkpointing` reads, found once.
+        self._checkpointable = [
+            module for _, module in base_modules if hasattr(module, "gradient_checkpointing")
+        ]
         self._decoder = causal_lm.get_decoder()  # type: ignore[no-untyped-call]
         self._head = output_head(causal_lm)
         self._memory = StepMemory.of(causal_lm, self.parameters)
@@ -523,10 +538,14 @@ class PeftTrainer:
         # PEFT's "auto" asks the Hub whether the vocabulary was resized (warning offline);
         # we never resize it, so embeddings are saved only when the adapter targets them.
         targets = getattr(config, "target_modules", None) or ()
+        embeddings = any(name in ("embed_tokens", "lm_head") for name in targets)
         weights = get_peft_model_state_dict(
             self.model,
+            # Our own parameters, not the state of every adapter on the base; saved
+            # embeddings are base weights, so only then is the whole state read.
+            state_dict=None if embeddings else self._named_parameters,
             adapter_name=self.adapter,
-            save_embedding_layers=any(name in ("embed_tokens", "lm_head") for name in targets),
+            save_embedding_layers=embeddings,
         )
         # Written through our own file objects, so a full disk raises OSError (which
         # `replace_dir_atomic` explains): given a path, safetensors raises its own error
@@ -772,13 +791,12 @@ class PeftTrainer:
         self.model.train()
         # Only LoRA's own dropout should act: a base model's dropout (GPT-2 has 0.1) would
         # make the trainer's logprobs disagree with the sampler's and skew the ratio.
-        for name, module in self.model.named_modules():
-            if isinstance(module, torch.nn.Dropout) and "lora_dropout" not in name:
-                module.eval()
+        for module in self._base_dropouts:
+            module.eval()
 
     def _checkpoint(self, on: bool) -> None:
         """Turn gradient (activation) checkpointing of the decoder layers on or off."""
-        if on and not _checkpointing(self._causal_lm):
+        if on and not self._checkpointing():
             if hasattr(self._causal_lm, "activation_checkpointing_enable"):
                 self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
             else:  # transformers before 5.23 named it gradient checkpointing
@@ -790,8 +808,13 @@ class PeftTrainer:
         self._stop_checkpointing()
         self.model.eval()
 
+    def _checkpointing(self) -> bool:
+        """Whether activation checkpointing is on (transformers' `is_activation_checkpointing`
+        without its walk over every module, LoRA's of all adapters included)."""
+        return any(module.gradient_checkpointing for module in self._checkpointable)
+
     def _stop_checkpointing(self) -> None:
-        if _checkpointing(self._causal_lm):
+        if self._checkpointing():
             if hasattr(self._causal_lm, "activation_checkpointing_disable"):
                 self._causal_lm.activation_checkpointing_disable()  # type: ignore[no-untyped-call]
             else:
@@ -820,13 +843,6 @@ def _prefix_sharing_limit(model: PreTrainedModel) -> int | None:
     windows = [getattr(text, name, None) for name in ("sliding_window", "attention_chunk_size")]
     bounded = [int(window) for window in windows if isinstance(window, int) and window > 0]
     return min(bounded) if bounded else sys.maxsize
-
-
-def _checkpointing(model: PreTrainedModel) -> bool:
-    """Whether activation checkpointing is on, under transformers' name before or since 5.23."""
-    if hasattr(model, "is_activation_checkpointing"):
-        return bool(model.is_activation_checkpointing)
-    return bool(model.is_gradient_checkpointing)
 
 
 @contextlib.contextmanager
