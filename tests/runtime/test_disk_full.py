@@ -1,8 +1,9 @@
 """A checkpoint save that fills the disk names the disk and loses nothing.
 
-The disk is real: a 1 MiB tmpfs mounted under the test's directory, filled until the
-adapter fits but its optimizer state does not, so torch's own writer fails mid-file as
-it did in the incident (`RuntimeError: ... unexpected pos`). Mounting needs root; where
+The disk is real: a 4 MiB tmpfs mounted under the test's directory, filled until the
+adapter fits but its optimizer state does not. Its tensors are larger than a file
+object's buffer, as a real model's are, so torch's own writer would fail mid-file as it
+did in the incidents (`RuntimeError: ... unexpected pos`) were it given the file. Mounting needs root; where
 it cannot be done the test is skipped with the reason. A file left open on the disk
 (holding its space) fails the test when the disk is unmounted.
 """
@@ -34,7 +35,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
         capture_output=True,
         text=True,
     )
@@ -53,15 +54,15 @@ def tiny_trainer() -> PeftTrainer:
     """A PEFT trainer of a random 2-layer Llama whose optimizer has taken one step."""
     config = LlamaConfig(
         vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
+        hidden_size=256,  # LoRA tensors of 16-32 KiB, past the file buffer's 8 KiB
+        intermediate_size=384,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
     torch.manual_seed(0)
-    model = add_adapter(LlamaForCausalLM(config), "policy", art.dev.PeftArgs(), seed=0)
+    model = add_adapter(LlamaForCausalLM(config), "policy", art.dev.PeftArgs(r=16), seed=0)
     trainer = PeftTrainer(
         model,
         None,  # type: ignore[arg-type]  # saving never tokenizes

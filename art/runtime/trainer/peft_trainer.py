@@ -13,6 +13,7 @@ LM head in `logprobs.py`, memory estimates and measurement in `memory.py`.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import sys
 import warnings
@@ -554,8 +555,12 @@ class PeftTrainer:
         with open(directory / "adapter_model.safetensors", "wb") as file:
             file.write(safetensors_bytes(tensors))
         config.save_pretrained(str(directory))
+        # Serialized in memory first, for the same reason: torch.save into a file on a full
+        # disk fails with `[enforce fail at inline_container.cc] unexpected pos`, no OSError.
+        state = io.BytesIO()
+        torch.save(self.optimizer.state_dict(), state)
         with open(directory / "optimizer.pt", "wb") as file:
-            torch.save(self.optimizer.state_dict(), file)
+            file.write(state.getbuffer())
 
     def load_optimizer(self, directory: Path) -> bool:
         """Restore the optimizer state saved in `directory`; False when there is none."""
