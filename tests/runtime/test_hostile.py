@@ -393,7 +393,13 @@ async def test_a_retried_train_logs_its_trajectories_once(
 # --- a dead or interrupted service child ----------------------------------------------
 
 _START_SERVICE = """
-import os, sys, time
+import os, signal, sys, time
+# A program started from a terminal: SIGINT raises KeyboardInterrupt. Ignored or blocked
+# signals pass through exec, and the pytest worker that starts this may have either from
+# an earlier test's library; then the SIGINT would never land (CI saw this script sleep
+# through it for 300 s).
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from art.local import LocalBackend
 backend = LocalBackend(path=sys.argv[1])
 service = backend._model_service()
@@ -425,6 +431,8 @@ def test_the_service_child_holds_no_key_in_its_environment_and_sigint_leaves_no_
         environment = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
         assert not [entry for entry in environment if b"AUTHKEY" in entry.upper()]
         assert list(temp.iterdir()) == []  # the socket's directory is gone once connected
+        # Nothing art did in the script blocks SIGINT or takes it from Python's handler.
+        assert _sigint_state(script.pid) == {"blocked": False, "ignored": False, "caught": True}
         script.send_signal(signal.SIGINT)
         # KeyboardInterrupt, no cleanup code of ours ran. WAIT_S, not less: on a loaded
         # machine the child may still be importing torch when the signal lands.
@@ -437,7 +445,8 @@ def test_the_service_child_holds_no_key_in_its_environment_and_sigint_leaves_no_
             script.wait(timeout=30)
             raise AssertionError(
                 f"the script (pid {script.pid}) did not exit {WAIT_S:.0f} s after SIGINT; "
-                "every thread's stack is in the captured stderr"
+                "every thread's stack is in the captured stderr; this worker's SIGINT: "
+                f"{_sigint_state(os.getpid())}"
             ) from None
         assert code != 0
         # The child exits when its parent's socket closes.
@@ -449,6 +458,20 @@ def test_the_service_child_holds_no_key_in_its_environment_and_sigint_leaves_no_
     finally:
         if script.poll() is None:
             script.kill()
+
+
+def _sigint_state(pid: int) -> dict[str, bool]:
+    """Whether SIGINT is blocked, ignored or caught by process `pid`'s main thread."""
+    fields = dict(
+        line.split(":\t", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+    )
+    bit = 1 << (signal.SIGINT - 1)
+    return {
+        name: bool(int(fields[field], 16) & bit)
+        for name, field in (("blocked", "SigBlk"), ("ignored", "SigIgn"), ("caught", "SigCgt"))
+    }
 
 
 def _state(pid: int) -> str:
