@@ -64,6 +64,13 @@ def _add_serve(subparsers: Any) -> None:
         help="largest request body accepted, in MiB (default 64)",
     )
     parser.add_argument(
+        "--upload-quota-mb",
+        type=float,
+        default=1024.0,
+        help="SFT upload MiB not yet trained that each scoped key may hold; 0: no limit "
+        "(default 1024)",
+    )
+    parser.add_argument(
         "--ray",
         action="store_true",
         help="run the engines and trainers on a Ray cluster (replicas and a trainer group)",
@@ -93,6 +100,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if args.max_body_mb <= 0:
         return _fail("--max-body-mb must be positive")
+    if args.upload_quota_mb < 0:
+        return _fail("--upload-quota-mb must be 0 (no limit) or positive")
     if args.ray_config is not None and not args.ray:
         return _fail("--ray-config is only read with --ray; add --ray")
     placement = None
@@ -119,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.path,
         None if args.no_auth else api_key,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        upload_quota_bytes=int(args.upload_quota_mb * 2**20) or None,
         placement=placement,
     )
     print(f"art serve: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)

@@ -67,7 +67,7 @@ _VALUE_ERRORS: dict[str, type[ArtValueError]] = {
 }
 _INFERENCE_NAME = re.compile(
     r"^wandb-artifact:///(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<name>[^/:@]+)"
-    r"(?::step(?P<step>\d+))?$"
+    r"(?::step(?P<step>[0-9]{1,18}))?$"
 )
 
 
@@ -560,7 +560,12 @@ def _result(method: str, url: str, response: httpx.Response) -> Any:
     except (ValueError, AttributeError):
         error, message = {}, response.text[:500]
     if error.get("code") == "SFTDataError" and isinstance(error.get("problems"), list):
-        raise SFTDataError(str(error.get("param")), [str(p) for p in error["problems"]])
+        total = error.get("problems_total")
+        raise SFTDataError(
+            str(error.get("param")),
+            [str(p) for p in error["problems"]],
+            total if isinstance(total, int) else None,
+        )
     cls = _VALUE_ERRORS.get(str(error.get("code")))
     if cls is not None and "problem" in error:
         raise cls(str(error.get("param")), str(error["problem"]), str(error.get("fix", "")))

@@ -6,6 +6,7 @@ Checked before anything is written, so a bad call loses nothing already stored.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 
 from .errors import ConfigError, TrajectoryValidationError
@@ -15,6 +16,8 @@ from .trajectories import TrajectoryGroup
 RESERVED_METRICS = frozenset({"step", "recorded_at"})
 # What a split may be called: its name is a directory under `trajectories/`.
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# A history row's metrics are read back as floats: a larger integer cannot be.
+_LARGEST = int(sys.float_info.max)
 
 
 def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None:
@@ -33,9 +36,15 @@ def check_metrics(metrics: Mapping[str, object], where: str = "metrics") -> None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(
                 f"{where}[{key!r}]",
-                f"a metric must be a number (int, float or bool), got {type(value).__name__}",
+                f"a metric must be a number (int or float), got {type(value).__name__}",
                 "Log plain numbers (`float(value)` for numpy or torch scalars); put text in a "
                 "trajectory's metadata",
+            )
+        if isinstance(value, int) and not -_LARGEST <= value <= _LARGEST:
+            raise ConfigError(
+                f"{where}[{key!r}]",
+                f"an integer of {value.bit_length()} bits is beyond a float's range",
+                "Log a number a float can hold (up to about 1.8e308)",
             )
 
 
@@ -51,7 +60,7 @@ def check_logged_groups(groups: list[TrajectoryGroup], where: str = "trajectory_
 
 
 def check_split(split: str) -> str:
-    if not isinstance(split, str) or not SPLIT_NAME.match(split):
+    if not isinstance(split, str) or not SPLIT_NAME.fullmatch(split):
         raise ConfigError(
             "split",
             f"{split!r} cannot be used as a directory name",

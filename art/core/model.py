@@ -58,7 +58,7 @@ class Model(ConfigModel):
     @field_validator("name", "project")
     @classmethod
     def _check_name(cls, value: str, info: Any) -> str:
-        if not _NAME.match(value):
+        if not _NAME.fullmatch(value):
             raise ValueError(f"{info.field_name} {value!r} is not a valid name. {_NAME_FIX}")
         return value
 

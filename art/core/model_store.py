@@ -46,9 +46,12 @@ class ModelStore:
         return self.dir / "model.json"
 
     def read_model(self) -> dict[str, Any] | None:
-        if not self.model_json.exists():
+        """The model's registration; None where it has none (or it was deleted meanwhile)."""
+        try:
+            text = self.model_json.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return None
-        loaded: dict[str, Any] = json.loads(self.model_json.read_text(encoding="utf-8"))
+        loaded: dict[str, Any] = json.loads(text)
         return loaded
 
     def write_model(self, data: Mapping[str, Any]) -> None:

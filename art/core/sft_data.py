@@ -30,20 +30,22 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # per-message `weight`, say) would otherwise be silently ignored.
 _LINE_KEYS = {"messages", "tools", "parallel_tool_calls"}
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
-_SHOWN_PROBLEMS = 50
+SHOWN_PROBLEMS = 50  # listed in a message or an HTTP error; the rest counted
 
 
 class SFTDataError(ArtValueError):
     """SFT data that cannot be trained: `problems` lists each as `where: field: problem`."""
 
-    def __init__(self, source: str, problems: list[str]) -> None:
+    def __init__(self, source: str, problems: list[str], total: int | None = None) -> None:
+        """`total`: how many problems there were, where `problems` lists only the first."""
         self.problems = problems
-        shown = problems[:_SHOWN_PROBLEMS]
-        more = len(problems) - len(shown)
+        self.total = len(problems) if total is None else total
+        shown = problems[:SHOWN_PROBLEMS]
+        more = self.total - len(shown)
         listed = "\n  ".join(shown) + (f"\n  ... and {more} more" if more else "")
         super().__init__(
             source,
-            f"{len(problems)} bad example(s):\n  {listed}\n",
+            f"{self.total} bad example(s):\n  {listed}\n",
             "Fix or remove these examples; nothing was trained or written",
         )
 
@@ -162,6 +164,10 @@ def parse_line(text: str) -> tuple[Trajectory | None, list[str]]:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         return None, [f"line: not JSON ({error.msg} at column {error.colno})"]
+    except RecursionError:
+        return None, ["line: nested deeper than the JSON parser goes"]
+    except ValueError as error:  # e.g. an integer over Python's 4300-digit limit
+        return None, [f"line: not JSON that can be read ({error})"]
     problems = conversation_problems(data)
     if problems:
         return None, problems
@@ -191,13 +197,13 @@ def check_file(path: str | Path, label: str | None = None) -> int:
         raise ArtValueError("file_path", f"{path} does not exist", "Pass the path of a file")
     rows = 0
     problems: list[str] = []
-    with path.open(encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            rows += 1
+    for number, line, found in _lines(path):
+        if not line.strip() and not found:
+            continue
+        rows += 1
+        if not found:
             _, found = parse_line(line)
-            problems += [f"{name}:{number}: {problem}" for problem in found]
+        problems += [f"{name}:{number}: {problem}" for problem in found]
     if problems:
         raise SFTDataError(name, problems)
     return rows
@@ -228,14 +234,25 @@ def read_file(path: str | Path, label: str | None = None) -> Iterator[tuple[str,
     """The file's examples in order, each with its `file:line` (the file named `label`
     where given). Check the file first (`check_file`)."""
     name = label or str(path)
-    with Path(path).open(encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            trajectory, problems = parse_line(line)
-            if trajectory is None:  # changed since it was checked
-                raise SFTDataError(name, [f"{name}:{number}: {p}" for p in problems])
-            yield f"{name}:{number}", trajectory
+    for number, line, problems in _lines(Path(path)):
+        if not line.strip() and not problems:
+            continue
+        trajectory, problems = (None, problems) if problems else parse_line(line)
+        if trajectory is None:  # changed since it was checked
+            raise SFTDataError(name, [f"{name}:{number}: {p}" for p in problems])
+        yield f"{name}:{number}", trajectory
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """Each line of `path` with its number, decoded as UTF-8 on its own, so a bad byte
+    is a problem of its line (with none for a line that decoded)."""
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                yield number, raw.decode("utf-8"), []
+            except UnicodeDecodeError as error:
+                problem = f"line: not UTF-8 text (byte {error.start + 1}); JSONL is plain UTF-8"
+                yield number, "", [problem + (", not gzip" if raw[:2] == b"\x1f\x8b" else "")]
 
 
 def _buffer_shuffled(

@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
+from ..core.arguments import parse_step
 from ..core.errors import ConfigError
 from ..core.log_checks import check_split
 from ..core.model_store import ModelStore
@@ -60,6 +62,7 @@ from .schemas import (
     SFTTrainingJobCreate,
     TrainingJobCreate,
 )
+from .sft_uploads import DEFAULT_QUOTA_BYTES
 from .state import ArtServer, describe, parse_groups, valid_names
 
 logger = logging.getLogger("art.serve")
@@ -73,14 +76,17 @@ def build_server_app(
     api_key: str | None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    upload_quota_bytes: int | None = DEFAULT_QUOTA_BYTES,
     placement: Placement | None = None,
 ) -> FastAPI:
     """The `art serve` app: the OpenAI endpoint of `build_app` plus the training API.
 
     `api_key` is the admin key; None serves without one (the CLI allows that on
-    loopback only). `placement` runs the engines and trainers elsewhere (`art serve --ray`).
+    loopback only). `upload_quota_bytes`: the SFT upload bytes not yet trained a scoped key
+    may hold (None: no limit). `placement` runs the engines and trainers elsewhere (`art
+    serve --ray`).
     """
-    server = ArtServer(path, placement)
+    server = ArtServer(path, placement, upload_quota_bytes=upload_quota_bytes)
     keys = KeyStore(path, api_key)
     app = build_app(ScopedRouter(server.service, server.loaded, path), None)
     app.state.art_server = server
@@ -138,7 +144,7 @@ def build_server_app(
                     "nothing to log",
                     "Send trajectory groups, metrics, or both",
                 )
-            with server.lock(model_id):
+            with server.writing(model_id, store):
                 step = store.step() if body.step is None else body.step
                 if groups:
                     store.write_trajectories(split, step, groups)
@@ -161,11 +167,12 @@ def build_server_app(
             steps.reverse()
         if after is not None:
             prefix, _, step_text = after.rpartition("@")
-            if prefix != model_id or not step_text.isdigit() or int(step_text) not in steps:
+            step = parse_step(step_text)
+            if prefix != model_id or step is None or step not in steps:
                 raise ApiError(
                     400, f"after: {after!r} is not a checkpoint id of this model", param="after"
                 )
-            steps = steps[steps.index(int(step_text)) + 1 :]
+            steps = steps[steps.index(step) + 1 :]
         page = steps[:limit]
         metrics = await asyncio.to_thread(_metrics_by_step, store)
         data = [
@@ -178,8 +185,10 @@ def build_server_app(
     async def delete_checkpoints(model_id: str, body: DeleteCheckpoints) -> dict[str, Any]:
         store = server.store(model_id)
 
+        server.refuse_if_training(model_id)  # its step holds the model until it ends
+
         def delete() -> tuple[list[int], list[int]]:
-            with server.lock(model_id):
+            with server.writing(model_id, store):
                 existing = set(store.checkpoint_steps())
                 wanted = set(body.steps)
                 latest = store.step()
@@ -202,8 +211,13 @@ def build_server_app(
         starts from another model's checkpoint, which it serves and trains on from."""
         try:
             step = await asyncio.to_thread(server.fork, model_id, body)
-        except FileNotFoundError as error:
-            raise ApiError(404, f"from_model: {error}", param="from_model") from error
+        except FileNotFoundError as error:  # its message names the server's path: not sent
+            source = f"{body.from_project or model_id.partition('~')[0]}/{body.from_model}"
+            raise ApiError(
+                404,
+                f"from_model: model {source} has no checkpoints to fork from",
+                param="from_model",
+            ) from error
         logger.info("model %s forked from %s at step %d", model_id, body.from_model, step)
         return {"model_id": model_id, "step": step}
 
@@ -235,23 +249,33 @@ def build_server_app(
         wait: float = Query(default=0.0, ge=0, le=_MAX_POLL_SECONDS),
     ) -> dict[str, Any]:
         job = server.job(training_job_id)
-        if after is not None and not after.isdigit():
+        start = 0 if after is None else parse_step(after)
+        if start is None:
             raise ApiError(400, f"after: {after!r} is not an event id of this job", param="after")
-        start = 0 if after is None else int(after)
         events, more = await asyncio.to_thread(job.events_after, start, limit, wait)
         return {**_page(events, has_more=more), "status": job.status}
 
     @app.post("/v1/preview/models/{model_id}/sft-data")
     async def create_sft_data(model_id: str, request: Request) -> dict[str, Any]:
-        server.store(model_id)
+        store = server.store(model_id)
         part = await request.body()
-        return await asyncio.to_thread(server.uploads.create, model_id, part)
+
+        def create() -> dict[str, object]:
+            with server.writing(model_id, store, uploads=True):
+                return server.uploads.create(model_id, part, current())
+
+        return await asyncio.to_thread(create)
 
     @app.post("/v1/preview/models/{model_id}/sft-data/{upload_id}")
     async def append_sft_data(model_id: str, upload_id: str, request: Request) -> dict[str, Any]:
-        server.store(model_id)
+        store = server.store(model_id)
         part = await request.body()
-        return await asyncio.to_thread(server.uploads.append, model_id, upload_id, part)
+
+        def append() -> dict[str, object]:
+            with server.writing(model_id, store, uploads=True):
+                return server.uploads.append(model_id, upload_id, part, current())
+
+        return await asyncio.to_thread(append)
 
     @app.post("/v1/preview/sft-training-jobs")
     async def create_sft_training_job(body: SFTTrainingJobCreate) -> dict[str, Any]:
@@ -297,19 +321,23 @@ def _metrics_by_step(store: ModelStore) -> dict[int, dict[str, float]]:
     metrics: dict[int, dict[str, float]] = {}
     for row in store.read_history():
         values = {
-            k: float(v)
-            for k, v in row.items()
-            if k not in ("step", "recorded_at") and isinstance(v, int | float)
+            k: float(v) for k, v in row.items() if k not in ("step", "recorded_at") and _is_float(v)
         }
         metrics.setdefault(row["step"], {}).update(values)
     return metrics
+
+
+def _is_float(value: object) -> bool:
+    """A number a float holds: a history written before its metrics were checked may have
+    an integer beyond a float's range, which is left out rather than failing the page."""
+    return isinstance(value, int | float) and abs(value) <= sys.float_info.max
 
 
 def _check_scope(body: KeyCreate) -> None:
     if not body.projects and not body.models:
         raise ApiError(400, "projects: name at least one project or model", param="projects")
     for index, project in enumerate(body.projects):
-        if not re.match(NAME_PATTERN, project):
+        if not re.fullmatch(NAME_PATTERN, project):
             raise ApiError(
                 400,
                 f"projects[{index}]: {project!r} is not a project name",

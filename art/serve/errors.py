@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.errors import ArtValueError
-from ..core.sft_data import SFTDataError
+from ..core.sft_data import SHOWN_PROBLEMS, SFTDataError
 from ..runtime.endpoint.server import ApiError
 from .access import log_rejected
 
@@ -35,8 +35,9 @@ def add_error_handlers(app: FastAPI) -> None:
             "problem": error.problem,
             "fix": error.fix,
         }
-        if isinstance(error, SFTDataError):  # every bad example, for the client to list
-            body["problems"] = error.problems
+        if isinstance(error, SFTDataError):  # the first bad examples, for the client to list
+            body["problems"] = error.problems[:SHOWN_PROBLEMS]
+            body["problems_total"] = error.total
         return JSONResponse({"error": body}, status_code=400)
 
     async def invalid(request: Request, error: Exception) -> JSONResponse:

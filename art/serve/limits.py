@@ -7,7 +7,12 @@ from .access import ASGIApp, Message, Receive, Scope, Send, log_rejected
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a body over `max_bytes`, whether declared or streamed."""
+    """ASGI middleware: 413 for a body over `max_bytes`, whether declared or streamed.
+
+    A body without a length (chunked) is read here up to the limit before the app sees
+    it: an error raised from inside the app's read would reach the client as whatever the
+    app makes of it (FastAPI: a 400 "error parsing the body").
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -18,30 +23,31 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the server holds it to its length
             return
+        messages: list[Message] = []
         received = 0
-        started = False
-
-        async def limited() -> Message:
-            nonlocal received
+        while True:
             message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # a disconnect: the app sees it
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise _TooLarge
-            return message
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited, tracked)
-        except _TooLarge:
-            if not started:
                 await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        queued = iter(messages)
+
+        async def replay() -> Message:
+            return next(queued, None) or await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         error = ApiError(
@@ -53,10 +59,6 @@ class BodyLimit:
         )
         log_rejected(scope["method"], scope["path"], error)
         await error.response()(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 __all__ = ["BodyLimit"]

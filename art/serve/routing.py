@@ -4,7 +4,8 @@ A checkpoint is served as the W&B Training API names it,
 `wandb-artifact:///{entity}/{project}/{name}` (the latest) or `...:step{N}`, which
 names the project, so it is never ambiguous. `name` and `name@N` (LocalBackend's
 names) are accepted too while one model the key may use has that name. Base models
-are served under their own names to any key.
+are served under their own names to any key. A model the key may not use is unknown to
+it (404), as one that does not exist.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from typing import Any
 
 from ..backends.serverless import inference_name, parse_inference_name
+from ..core.arguments import parse_step
 from ..core.model_store import ModelStore
 from ..runtime.endpoint.server import ApiError, Route
 from ..runtime.service.model_service import ModelService, served_name
@@ -51,7 +53,6 @@ class ScopedRouter:
         if model in self._base_names():
             return self.service.route(model)
         record, step = self._resolve(model)
-        current().check(record["project"], record["name"], "model")
         return self.service.route(_service_name(record["project"], record["name"], step))
 
     def longest_context(self) -> int:
@@ -71,7 +72,10 @@ class ScopedRouter:
 
     def _resolve(self, model: str) -> tuple[dict[str, Any], int | None]:
         parsed = parse_inference_name(model)
-        records = self.loaded.records()
+        principal = current()
+        # A model the key may not use is as unknown to it as one that does not exist: a
+        # 403 would tell one tenant the names of another's models.
+        records = [r for r in self.loaded.records() if principal.allows(r["project"], r["name"])]
         if parsed is not None:
             entity, project, name, step = parsed
             found = [
@@ -81,15 +85,10 @@ class ScopedRouter:
             ]
         else:
             name, _, step_text = model.partition("@")
-            step = int(step_text) if step_text.isdigit() else None
+            step = parse_step(step_text)
             if step_text and step is None:
                 raise KeyError(f"model {model!r}: {step_text!r} is not a step number")
-            principal = current()
-            found = [
-                r
-                for r in records
-                if r["name"] == name and principal.allows(r["project"], r["name"])
-            ]
+            found = [r for r in records if r["name"] == name]
             if len(found) > 1:
                 full = ", ".join(inference_name(r["entity"], r["project"], name) for r in found)
                 raise ApiError(
@@ -106,10 +105,9 @@ class ScopedRouter:
         return found[0], step
 
     def _base_names(self) -> list[str]:
-        # Only base models: a trained model's service names (`project/name`) would bypass
-        # the key's scope check.
-        trained = {r["name"] for r in self.loaded.records()}
-        return [name for name in self.service.base_names() if name not in trained]
+        # Only base models, each meaning its base for every key: a trainable model is never
+        # served under a base's name (the service refuses it at registration).
+        return self.service.base_names()
 
 
 def _service_name(project: str, name: str, step: int | None) -> str:

@@ -16,6 +16,8 @@ from ..core.errors import ConfigError
 from ..core.types import TrainConfig
 from ..runtime.endpoint.server import ApiError
 
+MAX_STEP = 2**31 - 1  # a step names files and directories: far beyond any run's
+MAX_SFT_BATCH = 4096  # examples in one optimizer step; an upload's size is bounded too
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # as art.Model names: safe as directories
 
 
@@ -41,7 +43,7 @@ class LogRequest(_Body):
     split: str = "train"
     trajectory_groups: list[dict[str, Any]] = Field(default_factory=list)
     # Extensions: the step the row belongs to, and a history row of metrics.
-    step: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, le=MAX_STEP)
     metrics: dict[str, float | int | bool] = Field(default_factory=dict)
 
 
@@ -141,7 +143,7 @@ class SFTConfig(_Body):
     """ART's `SFTTrainingConfig`: one learning rate or one per batch; the batch size
     (None: 2, as `TrainSFTConfig(batch_size="auto")`)."""
 
-    batch_size: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_SFT_BATCH)
     learning_rate: float | list[float] | None = None
 
 

@@ -6,10 +6,12 @@ each checks the request's key against the model it touches.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from .schemas import (
     SFTTrainingJobCreate,
     TrainingJobCreate,
 )
-from .sft_uploads import SFTUploads
+from .sft_uploads import DEFAULT_QUOTA_BYTES, SFTUploads
 
 DEFAULT_ENTITY = "local"  # W&B names an owner; a self-hosted server has one
 
@@ -47,12 +49,18 @@ DEFAULT_ENTITY = "local"  # W&B names an owner; a self-hosted server has one
 class ArtServer:
     """What one `art serve` process holds: the model service, its files and its jobs."""
 
-    def __init__(self, path: str, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        placement: Placement | None = None,
+        *,
+        upload_quota_bytes: int | None = DEFAULT_QUOTA_BYTES,
+    ) -> None:
         self.path = path
         self.service = ModelService(path, placement)  # placement: e.g. a Ray cluster
         self.loaded = LoadedModels()
         self.journal_dir = Path(path) / ".art-serve" / "jobs"
-        self.uploads = SFTUploads(path)
+        self.uploads = SFTUploads(path, upload_quota_bytes)
         journals = sorted(self.journal_dir.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
         self.jobs: dict[str, TrainingJob] = {}
         for journal in journals:
@@ -84,6 +92,21 @@ class ArtServer:
     def lock(self, model_id: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(model_id, threading.Lock())
+
+    @contextlib.contextmanager
+    def writing(self, model_id: str, store: ModelStore, *, uploads: bool = False) -> Iterator[None]:
+        """The model's lock, for a call that writes to its files (`uploads`: the lock of its
+        SFT uploads, which a training step does not hold); a 404 where the model was deleted
+        while the call waited for it, so a deleted model stays deleted."""
+        with self.lock(f"{model_id}/uploads" if uploads else model_id):
+            if store.read_model() is None:
+                raise ApiError(
+                    404,
+                    f"model_id: model {model_id!r} was deleted",
+                    param="model_id",
+                    code="model_not_found",
+                )
+            yield
 
     def register(self, body: ModelCreate) -> dict[str, Any]:
         current().check(body.project, body.name, "name")
@@ -131,9 +154,19 @@ class ArtServer:
         return describe(store, record)
 
     def refuse_stored_base(self, base_model: str) -> None:
-        """A scoped key may not start from a checkpoint stored here: it may be another's."""
+        """A scoped key names base models as the hub does: a path on this server (a stored
+        checkpoint may be another tenant's) is refused, whether or not it exists, so the
+        answer tells the key nothing of the server's files."""
         if current().admin:
             return
+        if base_model.startswith(("/", "~", ".", "\\")) or ":" in base_model:
+            raise ApiError(
+                403,
+                "base_model: a scoped key names a base model by its Hugging Face id "
+                "('org/name'), not a path on the server; ask the admin to register one",
+                param="base_model",
+                code="forbidden",
+            )
         root = Path(self.path).resolve()
         try:
             candidate = Path(base_model).expanduser().resolve()
@@ -212,7 +245,19 @@ class ArtServer:
             batch_size=given.batch_size or "auto",
         )
         batch_size = config.resolved_batch_size()
-        batches = math.ceil(check_file(data, label=body.training_data_url) / batch_size)
+        try:
+            examples = check_file(data, label=body.training_data_url)
+        except ArtValueError:
+            data.unlink(missing_ok=True)  # it can never train: the client uploads a fixed file
+            raise
+        if examples == 0:
+            data.unlink(missing_ok=True)
+            raise ConfigError(
+                "training_data_url",
+                f"{body.training_data_url} holds no examples",
+                "Upload chat JSONL with one example per line",
+            )
+        batches = math.ceil(examples / batch_size)
         if isinstance(config.learning_rate, list) and len(config.learning_rate) != batches:
             raise ConfigError(
                 "config.learning_rate",
@@ -273,6 +318,8 @@ class ArtServer:
                 doomed = store.dir.with_name(f".{store.dir.name}.deleting")
                 store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
                 shutil.rmtree(doomed)
+            with self.lock(f"{model_id}/uploads"):
+                self.uploads.delete_all(model_id)
         finally:
             with self._guard:
                 self._deleting.discard(model_id)
@@ -352,7 +399,7 @@ def describe(store: ModelStore, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def valid_names(project: str, name: str) -> bool:
-    return all(re.match(NAME_PATTERN, part) for part in (project, name))
+    return all(re.fullmatch(NAME_PATTERN, part) for part in (project, name))  # "x\n" too
 
 
 def parse_groups(raw: list[dict[str, Any]]) -> list[TrajectoryGroup]:

@@ -332,17 +332,21 @@ async def test_a_scoped_key_touches_only_its_models(
                 json={"model_id": other, "trajectory_groups": [{"trajectories": []}]},
             ),
             await scoped.delete(f"/preview/models/{other}"),
-            await scoped.post(
-                "/chat/completions",
-                json={
-                    "model": "wandb-artifact:///local/team-b/beta",
-                    "messages": [{"role": "user", "content": "Hi"}],
-                },
-            ),
             await scoped.post("/keys", json={"projects": ["team-b"]}),
             await scoped.get("/keys"),
         ]
         assert [r.status_code for r in refused] == [403] * len(refused)
+        # At the OpenAI route another tenant's model is as unknown as a missing one: a
+        # 403 there would tell this key which names exist (#39).
+        for name in ("beta", "no-such-model"):
+            hidden = await scoped.post(
+                "/chat/completions",
+                json={
+                    "model": f"wandb-artifact:///local/team-b/{name}",
+                    "messages": [{"role": "user", "content": "Hi"}],
+                },
+            )
+            assert hidden.status_code == 404, hidden.text
         # The name alone finds only the models this key may use.
         unknown = await scoped.post(
             "/chat/completions",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import dev
+from ...core.arguments import parse_step
 from ...core.atomic import replace_dir_atomic
 from ...core.errors import ConfigError
 from ...core.model_store import ModelStore
@@ -130,7 +131,21 @@ class ModelService:
                     loaded=True,
                 )
                 return
+            self._refuse_shadowing(record)
             self._models[key] = self._load_trained(record)
+
+    def _refuse_shadowing(self, record: dict[str, Any]) -> None:
+        """A base model's name always means the base: a trainable model may not be served
+        under its own base's name or a loaded base's (on `art serve`, a tenant's adapter
+        would answer every other tenant's requests for the base)."""
+        full = served_name(record["project"], record["name"])
+        if full in {record["base_model"], *self.base_names()}:
+            raise ConfigError(
+                "name",
+                f"model {full!r} would be served under the name of a base model, which "
+                "always means the base",
+                "Pick another project or name for the trainable model",
+            )
 
     def is_loaded(self, project: str, name: str) -> bool:
         return f"{project}/{name}" in self._models
@@ -459,17 +474,17 @@ class ModelService:
     def route(self, model: str) -> Route:
         """Where `model` is served; a checkpoint the engine loads is leased to the caller
         until `Route.release()`."""
+        for base in list(self._bases.values()):
+            if model == base.name:
+                return self._route(base, None)
         trained, step_text = self._find(model)
         if trained is None:
-            for base in self._bases.values():
-                if model == base.name:
-                    return self._route(base, None)
             raise KeyError(
                 f"unknown model {model!r}; this endpoint serves {', '.join(self.model_names())}"
             )
         base = trained.base
         assert base.engine is not None
-        step = int(step_text) if step_text.isdigit() else None
+        step = parse_step(step_text)
         if base.engine.serves_training_weights:
             current = trained.store.step()
             if not step_text or step == current:
@@ -491,7 +506,8 @@ class ModelService:
     def _find(self, model: str) -> tuple[TrainedModel | None, str]:
         """The trainable model `model` names (`project/name` or a unique `name`), and its step.
 
-        A trained model's full name wins over a base model's hub name of the same spelling.
+        A base model's name is never a trainable model's (`_refuse_shadowing`); `route`
+        looks for a base first, so one loaded later under a trained model's name wins.
         """
         reference, _, step_text = model.partition("@")  # names cannot contain '@'
         project, slash, name = reference.rpartition("/")
@@ -538,6 +554,7 @@ class ModelService:
 
     def model_names(self) -> list[str]:
         names = self.base_names()
+        bases = set(names)
         trained = list(self._models.values())
         counts: dict[str, int] = {}
         for model in trained:
@@ -545,7 +562,7 @@ class ModelService:
         for model in trained:
             steps = model.store.checkpoint_steps()
             aliases = [served_name(model.project, model.name)]
-            if counts[model.name] == 1:
+            if counts[model.name] == 1 and model.name not in bases:  # else it means the base
                 aliases.append(model.name)
             for alias in aliases:
                 names.append(alias)
