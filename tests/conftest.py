@@ -92,6 +92,18 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.model)
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service() -> Iterator[None]:
+    """wandb keeps its service's address in this process's WANDB_SERVICE, and every
+    process started later connects to that service instead of its own. A test that ran
+    W&B in this worker would hand its service to the scripts of the tests after it, which
+    fail with "Connection lost" once it is gone (seen in CI: the W&B run of a script
+    started after such a test had no rows)."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield
+    os.environ.pop("WANDB_SERVICE", None)
+
+
 @pytest.fixture
 def test_seed() -> int:
     """The seed a sampling-dependent test samples under: ART_TEST_SEED (0 by default).

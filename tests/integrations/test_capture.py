@@ -66,6 +66,7 @@ async def openai_agent(client: AsyncOpenAI, model_name: str, country: str) -> No
         tools=[LOOKUP],  # type: ignore[list-item]
         tool_choice={"type": "function", "function": {"name": "lookup_capital"}},
         max_tokens=24,
+        temperature=0,  # plumbing: greedy, so no draw decides whether the call closes
     )
     message = first.choices[0].message
     messages.append(message.model_dump(exclude_none=True))
@@ -79,6 +80,7 @@ async def openai_agent(client: AsyncOpenAI, model_name: str, country: str) -> No
         tools=[LOOKUP],  # type: ignore[list-item]
         tool_choice="none",
         max_tokens=8,
+        temperature=0,
         stream=True,
     )
     answer = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
