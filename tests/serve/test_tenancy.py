@@ -81,6 +81,15 @@ def bad_data(response: httpx.Response, url: str) -> dict[str, Any]:
     return error
 
 
+async def finished(client: httpx.AsyncClient, job_id: str) -> str:
+    """The job's status once it has ended."""
+    status = "running"
+    while status not in ("succeeded", "failed"):
+        await asyncio.sleep(0.5)
+        status = (await client.get(f"/v1/preview/training-jobs/{job_id}")).json()["status"]
+    return status
+
+
 async def greedy(client: httpx.AsyncClient, model: str) -> str:
     answer = await client.post(
         "/v1/chat/completions",
@@ -274,12 +283,7 @@ async def test_deleting_checkpoints_while_a_job_trains_is_a_409(
     assert job.status_code == 200, job.text
     deleted = await a.request("DELETE", f"{MODELS}/{model_id}/checkpoints", json={"steps": [0]})
     refused(deleted, 409, "model_id")
-    status = "running"
-    while status not in ("succeeded", "failed"):
-        job_now = await a.get(f"/v1/preview/training-jobs/{job.json()['id']}")
-        status = job_now.json()["status"]
-        await asyncio.sleep(0.5)
-    assert status == "succeeded"
+    assert await finished(a, job.json()["id"]) == "succeeded"
 
 
 def test_a_keys_uploads_not_yet_trained_are_bounded_by_its_quota(tmp_path: Path) -> None:
@@ -308,3 +312,198 @@ def test_a_keys_uploads_not_yet_trained_are_bounded_by_its_quota(tmp_path: Path)
         assert tenant.post(f"{MODELS}/q~two/sft-data", content=b"x" * 600).status_code == 200
     finally:
         server.stop()
+
+
+# --- what one tenant can see or change of another's, route by route ---------------------
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "serve.md"
+LISTINGS = {"GET /v1/models", "GET /v1/preview/training-jobs?model_id="}  # 200: own only
+TABLE_START, TABLE_END = "<!-- tenancy table: start -->", "<!-- tenancy table: end -->"
+
+
+async def tenant_resources(client: httpx.AsyncClient, project: str) -> dict[str, str]:
+    """A tenant's model with a finished SFT job and an upload not yet trained."""
+    model_id = await register(client, project, "owned")
+    line = (json.dumps(EXAMPLE) + "\n").encode()
+    url = (await upload(client, model_id, line)).json()["url"]
+    job = await client.post(
+        "/v1/preview/sft-training-jobs", json={"model_id": model_id, "training_data_url": url}
+    )
+    assert job.status_code == 200, job.text
+    job_id = job.json()["id"]
+    assert await finished(client, job_id) == "succeeded"
+    upload_id = (await upload(client, model_id, line)).json()["id"]
+    return {"project": project, "model_id": model_id, "job_id": job_id, "upload_id": upload_id}
+
+
+def cross_tenant_requests(
+    mine: dict[str, str], theirs: dict[str, str]
+) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(route, method, path, arguments): each route of art serve aimed at the other
+    tenant's model, job or upload, or at its project."""
+    model, job, project = theirs["model_id"], theirs["job_id"], theirs["project"]
+    example = (json.dumps(EXAMPLE) + "\n").encode()
+    upload_url = f"art-serve:///sft-data/{theirs['upload_id']}"
+    group = {
+        "trajectories": [
+            {"messages_and_choices": [*USER, {"role": "assistant", "content": "Hi"}], "reward": r}
+            for r in (0.0, 1.0)
+        ]
+    }
+    return [
+        (
+            "POST /v1/preview/models",
+            "POST",
+            MODELS,
+            {"json": {"project": project, "name": "planted", "base_model": BASE}},
+        ),
+        ("GET /v1/preview/models/{id}", "GET", f"{MODELS}/{model}", {}),
+        ("DELETE /v1/preview/models/{id}", "DELETE", f"{MODELS}/{model}", {}),
+        (
+            "POST /v1/preview/models/{id}/log",
+            "POST",
+            f"{MODELS}/{model}/log",
+            {"json": {"metrics": {"x": 1}}},
+        ),
+        ("GET /v1/preview/models/{id}/checkpoints", "GET", f"{MODELS}/{model}/checkpoints", {}),
+        (
+            "DELETE /v1/preview/models/{id}/checkpoints",
+            "DELETE",
+            f"{MODELS}/{model}/checkpoints",
+            {"json": {"steps": [0]}},
+        ),
+        (
+            "POST /v1/preview/models/{id}/fork (into theirs)",
+            "POST",
+            f"{MODELS}/{model}/fork",
+            {"json": {"from_model": "owned", "from_project": mine["project"]}},
+        ),
+        (
+            "POST /v1/preview/models/{id}/fork (from theirs)",
+            "POST",
+            f"{MODELS}/{mine['model_id']}/fork",
+            {"json": {"from_model": "owned", "from_project": project}},
+        ),
+        (
+            "POST /v1/preview/training-jobs",
+            "POST",
+            "/v1/preview/training-jobs",
+            {
+                "json": {
+                    "model_id": model,
+                    "trajectory_groups": [group],
+                    "experimental_config": {"allow_training_without_logprobs": True},
+                }
+            },
+        ),
+        (
+            "GET /v1/preview/training-jobs?model_id=",
+            "GET",
+            f"/v1/preview/training-jobs?model_id={model}",
+            {},
+        ),
+        ("GET /v1/preview/training-jobs/{id}", "GET", f"/v1/preview/training-jobs/{job}", {}),
+        (
+            "GET /v1/preview/training-jobs/{id}/events",
+            "GET",
+            f"/v1/preview/training-jobs/{job}/events",
+            {},
+        ),
+        (
+            "POST /v1/preview/models/{id}/sft-data",
+            "POST",
+            f"{MODELS}/{model}/sft-data",
+            {"content": example},
+        ),
+        (
+            "POST /v1/preview/models/{id}/sft-data/{upload}",
+            "POST",
+            f"{MODELS}/{model}/sft-data/{theirs['upload_id']}",
+            {"content": example},
+        ),
+        (
+            "POST /v1/preview/sft-training-jobs (their model)",
+            "POST",
+            "/v1/preview/sft-training-jobs",
+            {"json": {"model_id": model, "training_data_url": upload_url}},
+        ),
+        (
+            "POST /v1/preview/sft-training-jobs (their upload)",
+            "POST",
+            "/v1/preview/sft-training-jobs",
+            {"json": {"model_id": mine["model_id"], "training_data_url": upload_url}},
+        ),
+        (
+            "POST /v1/chat/completions",
+            "POST",
+            "/v1/chat/completions",
+            {"json": {"model": f"wandb-artifact:///local/{project}/owned", "messages": USER}},
+        ),
+        (
+            "POST /v1/chat/completions (name@step)",
+            "POST",
+            "/v1/chat/completions",
+            {"json": {"model": f"{project}/owned@0", "messages": USER}},
+        ),
+        ("GET /v1/models", "GET", "/v1/models", {}),
+        ("POST /v1/keys", "POST", "/v1/keys", {"json": {"projects": [project]}}),
+        ("GET /v1/keys", "GET", "/v1/keys", {}),
+        ("DELETE /v1/keys/{id}", "DELETE", "/v1/keys/key-000000000000", {}),
+    ]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.suffix != ".lock"
+    }
+
+
+async def test_each_route_between_two_tenants_is_the_table_in_the_serve_guide(
+    server: Server, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """Every route, aimed by each tenant at the other's model, job, upload or project:
+    refused (403, or 404 as for what does not exist; a listing answers 200 with the
+    caller's own only), nothing of the other's changed on disk, none of its names in the
+    answer that the request did not send. The table this makes is the one in docs/guides/serve.md."""
+    tenants = {"A": clients["a"], "B": clients["b"]}
+    owned = {
+        "A": await tenant_resources(clients["a"], "proj-a"),
+        "B": await tenant_resources(clients["b"], "proj-b"),
+    }
+    answers: dict[str, dict[str, int]] = {}
+    failures = []
+    for actor, victim in (("A", "B"), ("B", "A")):
+        theirs = owned[victim]
+        victim_dir = server.path / theirs["project"]
+        before = tree(victim_dir)
+        for route, method, path, arguments in cross_tenant_requests(owned[actor], theirs):
+            response = await tenants[actor].request(method, path, **arguments)
+            answers.setdefault(route, {})[actor] = response.status_code
+            sent = json.dumps(arguments.get("json", "")) + path
+            if response.status_code not in (403, 404) and route not in LISTINGS:
+                failures.append(f"{actor} on {victim}: {route}: {response.status_code}")
+            leaked = [
+                name
+                for name in (theirs["project"], theirs["job_id"], theirs["upload_id"])
+                if name in response.text and name not in sent
+            ]
+            if leaked:
+                failures.append(f"{actor} on {victim}: {route}: answer names {leaked}")
+        if tree(victim_dir) != before:
+            failures.append(f"{actor} changed {victim}'s files")
+    assert failures == []
+
+    lines = [
+        "| route, aimed at the other tenant's model, job, upload or project | A on B's | B on A's |",
+        "|---|---:|---:|",
+        *(f"| `{route}` | {row['A']} | {row['B']} |" for route, row in answers.items()),
+    ]
+    table = "\n".join(lines)
+    guide = GUIDE.read_text()
+    shown = "\n".join(  # indented in the guide's list
+        line.strip()
+        for line in guide.split(TABLE_START)[1].split(TABLE_END)[0].strip().splitlines()
+    )
+    assert shown == table, f"docs/guides/serve.md shows another table; this run's:\n{table}"
