@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import save_random_llama
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -35,26 +36,8 @@ def _tokenizer_dir() -> str:
 @pytest.fixture(scope="module")
 def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-layer Llama, randomly initialised, saved with the default tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(_tokenizer_dir())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("random-llama")
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_random_llama(directory, _tokenizer_dir(), hidden_size=256, layers=4)
 
 
 def _completion_logprob(model: Any, prompt: list[int], tokens: list[int]) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers import save_random_llama
 from safetensors.torch import load_file
 from serve_server import KEY, Server
 
@@ -60,28 +61,10 @@ SFT_LINE = (
 @pytest.fixture(scope="module")
 def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama, randomly initialised, saved with the default tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     from art.runtime.models import default_model_dir
 
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir()))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("random-llama")
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_random_llama(directory, str(default_model_dir()), hidden_size=64, layers=2)
 
 
 class Crash:
