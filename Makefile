@@ -82,10 +82,12 @@ browser:
 # end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
 # Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
 # child processes, servers and imports that use one core. What must not run twice at once
-# (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time).
+# (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time). Tests
+# marked `solo` run after them, alone, each saying in its mark why.
 PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not solo"
+	$(BIN)/pytest -m solo -p no:cacheprovider
 
 test: lint typecheck docs pytest
 
