@@ -94,7 +94,7 @@ test: lint typecheck docs pytest
 # The contributor's inner loop: lint, types and every test that loads no model (a few
 # minutes). `make test` stays the whole suite, and what CI runs.
 check: lint typecheck
-	$(BIN)/pytest -m "not model and not cuda" --durations=10
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not model and not cuda" --durations=10
 
 # The tests whose verdict rests on sampled text, under five seeds: each must pass under all.
 TEST_SEEDS ?= 1 2 3 4 5
