@@ -1,6 +1,7 @@
 """The `art` command line. Each subcommand imports what it needs only when it runs.
 
     art serve --host 127.0.0.1 --port 8000 --path ./.art --api-key KEY
+    art run --host 127.0.0.1 --port 7999 --path ./.art
     art autorl "Answer questions about our return policy" --steps 10 --path ./.art
     art show ./.art --project my-task
 
@@ -151,6 +152,59 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="serve ART 0.5.x's remote backend protocol (for clients that integrate with ART)",
+        description="Serve ART 0.5.x's backend protocol over HTTP (/register, /_get_step, "
+        "/_prepare_backend_for_training, /_train_model, /_delete_checkpoint_files, /close, "
+        "/healthcheck) and the OpenAI-compatible /v1 endpoint the model is sampled from, on "
+        "one model service that stores models under --path. ART's own `art run` has no key "
+        "and binds 0.0.0.0: this one binds 127.0.0.1 unless told otherwise; without "
+        "--api-key it belongs on 127.0.0.1 or a private network. Stop it with Ctrl-C.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=7999, help="port to bind (default 7999)")
+    parser.add_argument("--path", default="./.art", help="where models are stored (./.art)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on every route but /healthcheck "
+        "(default: none, as ART's)",
+    )
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        return _fail(f"--port {args.port} is not a port number (1-65535)")
+    if args.api_key is not None and not args.api_key.strip():
+        return _fail("--api-key is empty; give a key or leave the option out")
+    if args.api_key is None and not _is_loopback(args.host):
+        print(
+            f"art run: warning: no --api-key on --host {args.host}: anyone who reaches this "
+            "address can train, delete and sample models; keep it on a private network",
+            file=sys.stderr,
+        )
+    import uvicorn
+
+    from .serve.art_run import build_run_app
+
+    app = build_run_app(args.path, args.api_key, host=args.host)
+    print(f"art run: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
+    logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level="info", lifespan="off", access_log=False
+        )
+    finally:
+        app.state.listeners.close()
+        backend = app.state.backend
+        if backend._service is not None:
+            backend._service.close()
+    return 0
+
+
 def _add_autorl(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "autorl",
@@ -290,7 +344,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_autorl, _add_show]
+_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_run, _add_autorl, _add_show]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,15 +1,17 @@
 """ART's `art.dev` import path: advanced model and training configuration.
 
-ART's vLLM-server settings (`OpenAIServerConfig`, `ServerArgs`, `get_openai_server_config`)
-and `get_model_config` have no counterpart here: using one raises `NotBuiltError` saying
-what to use instead.
+ART's vLLM-server settings `OpenAIServerConfig` and `ServerArgs` are its TypedDicts (what a
+client sends `art run`); `get_openai_server_config` and `get_model_config` have no
+counterpart here: using one raises `NotBuiltError` saying what to use instead.
 """
 
 from .core.dev import (
     EngineArgs,
     InitArgs,
     InternalModelConfig,
+    OpenAIServerConfig,
     PeftArgs,
+    ServerArgs,
     TrainConfig,
     TrainerArgs,
     TrainSFTConfig,
@@ -22,8 +24,6 @@ _SERVER = (
     "this version serves with its own engine, not ART's vLLM OpenAI server; its settings "
     "are InternalModelConfig(engine_args=EngineArgs(max_num_seqs=..., max_model_len=...))"
 )
-OpenAIServerConfig = not_built_class("art.dev.OpenAIServerConfig", _SERVER)
-ServerArgs = not_built_class("art.dev.ServerArgs", _SERVER)
 get_openai_server_config = not_built_function("art.dev.get_openai_server_config", _SERVER)
 _TINKER = "ART's Tinker backends (TinkerBackend, TinkerNativeBackend) are not built here"
 TinkerArgs = not_built_class("art.dev.TinkerArgs", _TINKER)

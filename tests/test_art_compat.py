@@ -164,15 +164,17 @@ def test_copies_of_trajectories_and_groups_behave_as_arts() -> None:
     assert trajectory.metrics == {"m": 1.0}
 
 
-async def test_arts_vllm_server_settings_fail_saying_what_to_use(tmp_path: Path) -> None:
-    for name in ("OpenAIServerConfig", "ServerArgs"):
-        with pytest.raises(art.NotBuiltError, match="EngineArgs"):
-            getattr(art.dev, name)(server_args={})
+async def test_arts_vllm_server_settings_are_its_dicts_and_our_backends_refuse_them(
+    tmp_path: Path,
+) -> None:
+    # ART's TypedDicts: what a client of ART's protocol builds and sends `art run`.
+    config = art.dev.OpenAIServerConfig(server_args=art.dev.ServerArgs(port=8001))
+    assert config == {"server_args": {"port": 8001}}
     with pytest.raises(art.NotBuiltError, match="EngineArgs"):
         art.dev.get_openai_server_config()
     model = art.TrainableModel(name="m", project="p", base_model="x")
     with pytest.raises(art.ConfigError) as raised:
-        await model.register(art.LocalBackend(path=tmp_path), _openai_client_config={})
+        await model.register(art.LocalBackend(path=tmp_path), _openai_client_config=config)
     assert raised.value.field == "_openai_client_config"
     assert not (tmp_path / "p").exists()
 
@@ -230,3 +232,44 @@ def test_names_not_built_say_so_when_used() -> None:
     assert not art.dev.is_dedicated_mode(art.dev.InternalModelConfig())
     with pytest.raises(art.ConfigError, match="set both"):
         art.dev.validate_dedicated_config({"trainer_gpu_ids": [0]})
+
+
+async def test_a_backend_of_arts_protocol_is_checked_once_naming_what_it_lacks() -> None:
+    from art.backend import AnyModel, AnyTrainableModel
+
+    assert (AnyModel, AnyTrainableModel) == (art.Model, art.TrainableModel)
+
+    class HalfBackend:  # an integration that has not written training yet
+        async def register(self, model: object) -> None: ...
+        async def _get_step(self, model: object) -> int:
+            return 0
+
+        async def _delete_checkpoint_files(self, model: object, steps: list[int]) -> None: ...
+        async def close(self) -> None: ...
+
+    model = art.TrainableModel(name="m", project="p", base_model="x")
+    with pytest.raises(art.ConfigError) as raised:
+        await model.register(HalfBackend())
+    assert raised.value.field == "backend"
+    assert "_prepare_backend_for_training, _train_model" in str(raised.value)
+    plain = art.Model(name="m", project="p")  # a model that is not trained needs no more
+    await plain.register(HalfBackend())
+    assert await plain.get_step() == 0
+
+
+def test_arts_none_sections_and_dump_of_the_internal_config_round_trip() -> None:
+    # ART's clients send None for every section the user left unset.
+    config = art.dev.InternalModelConfig(init_args=None, engine_args=None, trainer_args=None)
+    assert config == art.dev.InternalModelConfig()
+    model = art.TrainableModel(
+        name="m",
+        project="p",
+        base_model="x",
+        _internal_config=art.dev.InternalModelConfig(
+            engine_args=art.dev.EngineArgs(max_num_seqs=4)
+        ),
+    )
+    dumped = model.model_dump()
+    assert dumped["_internal_config"] == {"engine_args": {"max_num_seqs": 4}}
+    again = art.TrainableModel.model_validate(dumped)
+    assert again.internal_config.engine_args.max_num_seqs == 4

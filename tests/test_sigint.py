@@ -9,6 +9,7 @@ the loop: the program gets SIGABRT, which makes Python print every thread's stac
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -130,38 +131,47 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_art_serve_ends_on_every_sigint(tmp_path: Path) -> None:
+def keep_busy(root: str, register: list[tuple[str, dict[str, object]]], model: str) -> None:
+    """Once the server answers: register a model (its model service starts) and chat."""
+    with httpx.Client(base_url=root, timeout=300) as http:
+        while True:
+            try:
+                http.get("/health")
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        try:
+            for path, body in register:
+                http.post(path, json=body)
+            chat = {
+                "model": model,
+                "messages": [{"role": "user", "content": "Count to twenty."}],
+                "max_tokens": 64,
+            }
+            for _ in range(100):
+                http.post("/v1/chat/completions", json=chat)
+        except httpx.TransportError:
+            return  # the server went away, as it should
+
+
+@pytest.mark.parametrize("program", ["serve", "run"])
+def test_art_serve_and_art_run_end_on_every_sigint(tmp_path: Path, program: str) -> None:
     misses = []
     for round_, delay in enumerate(delays(8.0)):
         port = free_port()
-        command = [sys.executable, "-m", "art", "serve", "--port", str(port)]
-        command += ["--path", str(tmp_path / ".art"), "--no-auth"]
-
-        def busy(port: int = port, round_: int = round_) -> None:
-            """Once it answers: a model, and a chat that starts its model service."""
-            root = f"http://127.0.0.1:{port}"
-            with httpx.Client(base_url=root, timeout=300) as http:
-                while True:
-                    try:
-                        http.get("/health")
-                        break
-                    except httpx.TransportError:
-                        time.sleep(0.05)
-                try:
-                    name = f"agent{round_}"
-                    body = {"project": "sigint", "name": name, "base_model": BASE}
-                    http.post("/v1/preview/models", json=body)
-                    for _ in range(100):
-                        chat = {
-                            "model": f"sigint/{name}",
-                            "messages": [{"role": "user", "content": "Count to twenty."}],
-                            "max_tokens": 64,
-                        }
-                        http.post("/v1/chat/completions", json=chat)
-                except httpx.TransportError:
-                    return  # the server went away, as it should
-
-        miss = interrupt(command, tmp_path / f"serve-{round_}.log", delay, busy)
+        command = [sys.executable, "-m", "art", program, "--port", str(port)]
+        command += ["--path", str(tmp_path / ".art")]
+        name = f"agent{round_}"
+        model = {"project": "sigint", "name": name, "base_model": BASE}
+        if program == "serve":
+            command.append("--no-auth")
+            register = [("/v1/preview/models", model)]
+        else:
+            model["trainable"] = True
+            register = [("/register", model), ("/_prepare_backend_for_training", {"model": model})]
+        root = f"http://127.0.0.1:{port}"
+        busy = functools.partial(keep_busy, root, register, f"sigint/{name}")
+        miss = interrupt(command, tmp_path / f"{program}-{round_}.log", delay, busy)
         if miss is not None:
             misses.append(f"round {round_}, SIGINT after {delay:.1f} s: {miss}")
     assert misses == []

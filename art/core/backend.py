@@ -118,8 +118,11 @@ class Backend(Protocol):
         """
         ...
 
-    async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> list[int]:
-        """Delete all checkpoints but the latest and the best; return the deleted steps."""
+    async def delete_checkpoints(
+        self, model: Model, *, best_checkpoint_metric: str
+    ) -> list[int] | None:
+        """Delete all checkpoints but the latest and the best; return the deleted steps
+        (None where the backend does not say: one of ART's protocol)."""
         ...
 
     async def close(self) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from typing_extensions import TypedDict
 
 from .config_errors import ConfigModel
 
@@ -262,6 +263,12 @@ class InternalModelConfig(_Config):
         "engine picks (engine_args.merge_lora's rule).",
     )
 
+    @field_validator("init_args", "engine_args", "peft_args", "trainer_args", mode="before")
+    @classmethod
+    def _none_is_default(cls, value: Any) -> Any:
+        # ART's clients send None for every section the user left unset.
+        return {} if value is None else value
+
     @model_validator(mode="after")
     def _check_chat_template(self) -> Self:
         if self.chat_template is not None and self.chat_template_path is not None:
@@ -281,6 +288,55 @@ class InternalModelConfig(_Config):
                 "separate GPUs for training and inference"
             )
         return self
+
+
+class ServerArgs(TypedDict, total=False):
+    """ART's vLLM OpenAI-server arguments, as a dict (`OpenAIServerConfig.server_args`).
+
+    Our backends run no vLLM OpenAI server: `LocalBackend` refuses the config, `art run`
+    honours `host`, `port` and `api_key` and refuses the rest by name.
+    """
+
+    host: str | None
+    port: int
+    api_key: str | None
+    uvicorn_log_level: str
+    allow_credentials: bool
+    allowed_origins: str
+    allowed_methods: str
+    allowed_headers: str
+    lora_modules: list[str] | None
+    prompt_adapters: list[str] | None
+    chat_template: str | None
+    chat_template_content_format: str
+    response_role: str | None
+    ssl_keyfile: str | None
+    ssl_certfile: str | None
+    ssl_ca_certs: str | None
+    enable_ssl_refresh: bool
+    ssl_cert_reqs: int
+    root_path: str | None
+    middleware: list[str]
+    return_tokens_as_token_ids: bool
+    disable_frontend_multiprocessing: bool
+    enable_request_id_headers: bool
+    enable_auto_tool_choice: bool
+    tool_call_parser: str
+    tool_parser_plugin: str
+    max_log_len: int | None
+    disable_fastapi_docs: bool
+    enable_prompt_tokens_details: bool
+    enable_server_load_tracking: bool
+    enable_reasoning: bool
+    reasoning_parser: str | None
+
+
+class OpenAIServerConfig(TypedDict, total=False):
+    """ART's `_openai_client_config` (a dict): what `_prepare_backend_for_training` gets."""
+
+    log_file: str
+    server_args: ServerArgs
+    engine_args: dict[str, Any]
 
 
 def is_dedicated_mode(config: InternalModelConfig | Mapping[str, Any]) -> bool:
@@ -304,7 +360,9 @@ __all__ = [
     "EngineArgs",
     "InitArgs",
     "InternalModelConfig",
+    "OpenAIServerConfig",
     "PeftArgs",
+    "ServerArgs",
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",

@@ -7,7 +7,14 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from . import dev, observe
 from .backend import Backend, InferenceEndpoint
@@ -15,6 +22,7 @@ from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
 from .log_checks import check_metrics, check_split
 from .metrics import group_metrics
+from .protocol_backend import ProtocolBackend
 from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
@@ -76,14 +84,21 @@ class Model(ConfigModel):
 
     # --- wiring ----------------------------------------------------------------------
 
-    async def register(self, backend: Backend) -> None:
-        """Bind this model to `backend`, which stores its logs (and, if trainable, serves it)."""
-        if not isinstance(backend, Backend):
-            raise ConfigError(
-                "backend",
-                f"{type(backend).__name__} is not an art backend",
-                "Pass a LocalBackend, ServerlessBackend or SkyPilotBackend",
-            )
+    async def register(self, backend: Backend | Any) -> None:
+        """Bind this model to `backend`, which stores its logs (and, if trainable, serves it).
+
+        `backend` is one of ours, or any object with ART's backend methods (`register`,
+        `_get_step`, `_prepare_backend_for_training`, `_train_model`, ...), as a third
+        party's integration writes one: the model drives it by ART's protocol.
+        """
+        await self._register(backend, None)
+
+    async def _register(self, backend: object, server_config: Any) -> None:
+        driven: Backend
+        if isinstance(backend, Backend):
+            driven = backend
+        else:  # a backend of ART's protocol (a third party's), driven by its methods
+            driven = ProtocolBackend(backend, self, server_config)
         try:
             json.dumps(self.config)
         except (TypeError, ValueError) as error:
@@ -92,8 +107,8 @@ class Model(ConfigModel):
                 f"cannot be stored as JSON ({error})",
                 "Use a dict of plain values, or a pydantic model's `.model_dump()`",
             ) from error
-        endpoint = await backend.register(self)
-        self._backend = backend
+        endpoint = await driven.register(self)
+        self._backend = driven
         if endpoint is not None:
             self._use_endpoint(endpoint)
 
@@ -106,10 +121,12 @@ class Model(ConfigModel):
         self._http_transport = endpoint.http_transport
         self._openai_client = None
 
-    def backend(self) -> Backend:
-        """The backend this model is registered with."""
+    def backend(self) -> Backend | Any:
+        """The backend this model is registered with (the object given to `register`)."""
         if self._backend is None:
             raise ModelNotRegisteredError(self.name, "use a backend")
+        if isinstance(self._backend, ProtocolBackend):
+            return self._backend.driven
         return self._backend
 
     def openai_client(self) -> AsyncOpenAI:
@@ -164,6 +181,8 @@ class Model(ConfigModel):
         this model even where another project has a model of the same name; on the W&B
         Training API it is `wandb-artifact:///entity/project/name:step<step>`.
         """
+        if isinstance(self._backend, ProtocolBackend):
+            return self._backend.inference_name(self, step)
         base = self.inference_model_name or self.name
         return base if step is None else f"{base}{self._step_separator}{step}"
 
@@ -229,12 +248,15 @@ class Model(ConfigModel):
             {f"{split}/{key}": value for key, value in row.items()},
         )
 
-    async def delete_checkpoints(self, best_checkpoint_metric: str = "val/reward") -> list[int]:
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward"
+    ) -> list[int] | None:
         """Delete every checkpoint but the latest and the one best on the given history metric.
 
         The best is the step whose `history.jsonl` rows average highest on the metric. As
         in ART, before that metric is recorded (at step 0, say) a note is printed and only
-        the latest checkpoint is kept. Returns the deleted steps.
+        the latest checkpoint is kept. Returns the deleted steps (None from a backend of
+        ART's protocol, which does not say).
         """
         backend = self._registered_backend("delete checkpoints")
         return await backend.delete_checkpoints(self, best_checkpoint_metric=best_checkpoint_metric)
@@ -296,6 +318,24 @@ class TrainableModel(Model):
                 )
             self._internal_config = _internal_config
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_internal_config(cls, data: Any, handler: Any) -> Any:
+        # `TrainableModel.model_validate(model.model_dump())` keeps what the dump holds:
+        # pydantic would drop the underscored key, and the model's config with it.
+        internal = None
+        if isinstance(data, dict) and "_internal_config" in data:
+            data = dict(data)
+            internal = data.pop("_internal_config")
+        model = handler(data)
+        if internal is not None:
+            model._internal_config = (
+                internal
+                if isinstance(internal, dev.InternalModelConfig)
+                else dev.InternalModelConfig(**internal)
+            )
+        return model
+
     @field_validator("base_model")
     @classmethod
     def _check_base_model(cls, value: str) -> str:
@@ -307,13 +347,29 @@ class TrainableModel(Model):
     def internal_config(self) -> dev.InternalModelConfig:
         return self._internal_config
 
-    async def register(self, backend: Backend, _openai_client_config: Any = None) -> None:
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """The model's fields and, as ART's dump has it, `_internal_config` (the fields set).
+
+        A backend of ART's protocol sends this dump to its server, which reads the init,
+        engine and trainer arguments from `_internal_config`.
+        """
+        data = super().model_dump(**kwargs)
+        mode = kwargs.get("mode", "python")
+        data["_internal_config"] = self._internal_config.model_dump(mode=mode, exclude_unset=True)
+        return data
+
+    async def register(self, backend: Backend | Any, _openai_client_config: Any = None) -> None:
         """Bind this model to `backend`, which serves, trains and stores it.
 
-        `_openai_client_config` is ART's vLLM-server configuration, which has no
-        counterpart here: passing one is an error, not a setting silently dropped.
+        `_openai_client_config` is ART's vLLM-server configuration (`art.dev.
+        OpenAIServerConfig`): a backend of ART's protocol gets it in
+        `_prepare_backend_for_training` (`art run` honours its host, port and api_key);
+        our own backends run no such server, and refuse it rather than drop it.
         """
-        if _openai_client_config is not None:
+        if not isinstance(backend, Backend):
+            await self._register(backend, _openai_client_config)
+            return
+        if _openai_client_config:
             raise ConfigError(
                 "_openai_client_config",
                 "configures ART's vLLM OpenAI server, which this version does not run",

@@ -113,5 +113,27 @@ def check_trainable(groups: Sequence[TrajectoryGroup], *, allow_without_logprobs
 def _trainable(item: object, allow_without_logprobs: bool) -> bool:
     if isinstance(item, Choice):
         token_ids = (item.model_extra or {}).get("token_ids")
-        return allow_without_logprobs or (isinstance(token_ids, list) and bool(token_ids))
+        if isinstance(token_ids, list) and token_ids:
+            return True
+        return allow_without_logprobs or bool(logprob_token_ids(item))
     return allow_without_logprobs and isinstance(item, dict) and item.get("role") == "assistant"
+
+
+def logprob_token_ids(choice: Choice) -> list[tuple[int, float]] | None:
+    """The sampled `(token id, logprob)` pairs a Choice's logprobs hold as ART writes them
+    (`token_id:N` tokens, vLLM's `return_tokens_as_token_ids`), or None.
+
+    They survive a client that rebuilds each Choice from its index, message, logprobs and
+    finish reason, dropping our `token_ids` field.
+    """
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    if not content:
+        return None
+    pairs = []
+    for entry in content:
+        token = entry.token
+        number = token.removeprefix("token_id:")
+        if number == token or not (number.isascii() and number.isdigit()):
+            return None
+        pairs.append((int(number), float(entry.logprob)))
+    return pairs

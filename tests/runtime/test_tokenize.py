@@ -118,6 +118,46 @@ def test_additional_histories_are_sequences_of_their_own(tokenizer: Any) -> None
     assert sequences[1].token_ids == extras(first)["prompt_token_ids"] + extras(first)["token_ids"]
 
 
+def rebuilt_with_id_tokens(choice: Choice) -> Choice:
+    """`choice` as a client that keeps only OpenAI's fields has it, from an endpoint that
+    writes logprob tokens `token_id:N` (ART's vLLM server, `art run`)."""
+    ids, logprobs = extras(choice)["token_ids"], extras(choice)["token_logprobs"]
+    content = [
+        {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
+        for i, lp in zip(ids, logprobs, strict=True)
+    ]
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": choice.message.model_dump(),
+            "logprobs": {"content": content},
+        }
+    )
+
+
+def test_a_rebuilt_choice_trains_from_the_ids_in_its_logprob_tokens(tokenizer: Any) -> None:
+    trajectory, first, second = two_turns(tokenizer)
+    [exact] = tokenize_trajectory(trajectory, tokenizer, group_index=0, trajectory_index=0)
+    trajectory.messages_and_choices = [
+        SYSTEM,
+        USER_1,
+        rebuilt_with_id_tokens(first),
+        USER_2,
+        rebuilt_with_id_tokens(second),
+    ]
+    assert all(not item.model_extra for item in trajectory.messages_and_choices[2::2])  # type: ignore[union-attr]
+
+    [rebuilt] = tokenize_trajectory(trajectory, tokenizer, group_index=0, trajectory_index=0)
+
+    # The same sequence: sampled ids and logprobs from the tokens, the prompt rendered.
+    assert rebuilt.token_ids == exact.token_ids
+    assert rebuilt.trained == exact.trained
+    assert [lp for lp in rebuilt.sampler_logprobs if not math.isnan(lp)] == [
+        lp for lp in exact.sampler_logprobs if not math.isnan(lp)
+    ]
+
+
 def test_a_choice_without_token_ids_is_an_error_naming_it_and_the_fix(tokenizer: Any) -> None:
     trajectory, first, _ = two_turns(tokenizer)
     plain = sampled("Goodbye.", [], tokenizer, ids=False)

@@ -78,6 +78,9 @@ class ChatCompletionRequest(BaseModel):
     # vLLM's extension: variables for the chat template, over the model's own
     # (`InternalModelConfig.chat_template_kwargs`), for this request only.
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's extension: logprob tokens written `token_id:N`, so the sampled ids survive a
+    # client that rebuilds each Choice (None: the server's default; `art run` writes them).
+    return_tokens_as_token_ids: bool | None = None
 
     @field_validator("messages")
     @classmethod

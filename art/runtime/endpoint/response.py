@@ -119,9 +119,9 @@ def _forced_call(name: str, arguments_text: str) -> list[dict[str, Any]]:
     return [tool_call(name, arguments)]
 
 
-def _logprobs(route: Route, sample: Sample) -> dict[str, Any]:
+def _logprobs(route: Route, sample: Sample, as_ids: bool) -> dict[str, Any]:
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        token = route.tokenizer.decode([token_id])
+        token = f"token_id:{token_id}" if as_ids else route.tokenizer.decode([token_id])
         return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
     content = []
@@ -141,7 +141,11 @@ def _choice(
         "index": index,
         "message": message,
         "finish_reason": finish_reason,
-        "logprobs": _logprobs(route, sample) if body.logprobs else None,
+        "logprobs": (
+            _logprobs(route, sample, bool(body.return_tokens_as_token_ids))
+            if body.logprobs
+            else None
+        ),
         "prompt_token_ids": job.prompt_ids,
         "token_ids": sample.token_ids,
         "token_logprobs": sample.logprobs,

@@ -58,8 +58,11 @@ class Router(Protocol):
         ...
 
 
-def build_app(router: Router, api_key: str | None) -> FastAPI:
+def build_app(router: Router, api_key: str | None, *, tokens_as_ids: bool = False) -> FastAPI:
     """The FastAPI app serving `router`'s models. With `api_key`, /v1 routes require it.
+
+    `tokens_as_ids`: logprob tokens are written `token_id:N` unless a request says
+    otherwise (`return_tokens_as_token_ids`), as ART's vLLM server writes them.
 
     A chat request body may hold `BODY_BYTES_PER_TOKEN` bytes per token of the longest
     context served (at least `MIN_BODY_BYTES`).
@@ -129,6 +132,8 @@ def build_app(router: Router, api_key: str | None) -> FastAPI:
         raw = await read_body(request, max_body_bytes())
         body = await asyncio.to_thread(parse_chat_request, raw)
         del raw  # a large body is not kept alive while the request decodes
+        if body.return_tokens_as_token_ids is None:
+            body.return_tokens_as_token_ids = tokens_as_ids
         try:
             route = await asyncio.to_thread(router.route, body.model)
         except KeyError as error:

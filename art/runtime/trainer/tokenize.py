@@ -26,6 +26,7 @@ from openai.types.chat.chat_completion import Choice
 from ...core.errors import TrainingError
 from ...core.trajectories import Trajectory, messages_of
 from ...core.types import MessageOrChoice, Messages, Tool
+from ...core.validation import logprob_token_ids
 from ..chat_format import ChatRendering, render_prompt
 
 if TYPE_CHECKING:
@@ -141,6 +142,8 @@ def _tokenize_conversation(
         turn: _Turn | None = None
         if isinstance(item, Choice):
             turn = _sampled_turn(item, where)
+            if turn is None:
+                turn = _logprobs_turn(item, messages, k, tools, tokenizer, rendering)
             if turn is None and not allow_without_ids:
                 raise TrainingError(
                     f"{where}: this Choice has no token ids (prompt_token_ids, token_ids), "
@@ -183,6 +186,28 @@ def _sampled_turn(choice: Choice, where: str) -> _Turn | None:
         completion_ids=list(token_ids),
         logprobs=[_NAN if value is None else float(value) for value in logprobs],
         trained=[True] * len(token_ids),
+    )
+
+
+def _logprobs_turn(
+    choice: Choice,
+    messages: Messages,
+    k: int,
+    tools: list[Tool] | None,
+    tokenizer: PreTrainedTokenizerBase,
+    rendering: ChatRendering | None,
+) -> _Turn | None:
+    """A Choice whose ids survive only in its logprobs (`token_id:N`, a client rebuilt it):
+    the sampled ids and logprobs from there, the prompt rendered as the endpoint renders it."""
+    pairs = logprob_token_ids(choice)
+    if pairs is None:
+        return None
+    prompt = _render(messages[:k], tools, tokenizer, rendering, add_generation_prompt=True)
+    return _Turn(
+        prompt_ids=_encode(tokenizer, prompt),
+        completion_ids=[token for token, _ in pairs],
+        logprobs=[logprob for _, logprob in pairs],
+        trained=[True] * len(pairs),
     )
 
 
