@@ -21,9 +21,9 @@ server writes them, so the sampled ids survive a client that rebuilds each Choic
 `api_key`, every route but `/healthcheck` needs `Authorization: Bearer <key>`; ART's has
 no key, so without one it belongs on 127.0.0.1 or a private network.
 
-Errors are `{"error": {"message", "type", "param", ...}, "detail": message}`: `param` is
-the offending field's JSON path (as `art serve` writes it), `detail` what ART's server
-sends.
+Errors are `{"error": {"message", "type", "param", ...}}` with a 4xx status, `param` the
+offending field's JSON path, as `art serve` writes them (ART's server answers `{"detail":
+...}`; its clients read the status).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from ..backends.local import LocalBackend
@@ -119,8 +119,7 @@ def build_run_app(
             return await call_next(request)
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), api_key.encode()):
-            error = ApiError(401, "missing or wrong API key", param="Authorization")
-            return _with_detail(error.response(), error.message)
+            return ApiError(401, "missing or wrong API key", param="Authorization").response()
         return await call_next(request)
 
     @app.get("/healthcheck")
@@ -175,8 +174,8 @@ def build_run_app(
                 log=False,  # ART 0.5.17's client logs the step, not its server
                 backend=backend,
             )
-        except TrainingError as error:
-            return _with_detail(ApiError(500, f"training failed: {error}").response(), str(error))
+        except TrainingError as error:  # the server's failure, not the input's
+            return ApiError(500, f"training failed: {error}", code="training_failed").response()
         return Response(json.dumps(result.metrics) + "\n", media_type="application/x-ndjson")
 
     @app.post("/_delete_checkpoint_files")
@@ -332,12 +331,6 @@ def _server_args(config: Any, api_key: str | None) -> dict[str, Any]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _with_detail(response: JSONResponse, detail: str) -> JSONResponse:
-    body = json.loads(bytes(response.body))
-    body["detail"] = detail
-    return JSONResponse(body, status_code=response.status_code)
 
 
 class _Listeners:

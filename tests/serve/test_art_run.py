@@ -355,3 +355,28 @@ async def test_every_route_refuses_bad_input_with_a_4xx_naming_the_field(
             assert denied.json()["error"]["param"] == "Authorization"
         assert (await anonymous.get("/v1/models")).status_code == 401
         assert (await anonymous.get("/healthcheck")).json() == {"status": "ok"}
+
+
+async def test_server_args_port_and_host_are_honoured_with_another_listener(
+    server: RunServer,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = {"name": "listener", "project": "remote", "base_model": BASE, "trainable": True}
+    config = {"server_args": {"host": "127.0.0.1", "port": port, "api_key": KEY}}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=server.root, headers=headers, timeout=300) as http:
+        answer = await http.post(
+            "/_prepare_backend_for_training", json={"model": model, "config": config}
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == [f"http://127.0.0.1:{port}/v1", KEY]
+        chat = {"model": "remote/listener", "messages": PROMPT, "max_tokens": 2, "logprobs": True}
+        sampled = await http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat)
+        assert sampled.status_code == 200, sampled.text
+        token = sampled.json()["choices"][0]["logprobs"]["content"][0]["token"]
+        assert token.startswith("token_id:")
+    async with httpx.AsyncClient(timeout=300) as anonymous:
+        denied = await anonymous.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat)
+        assert denied.status_code == 401  # the listener keeps art run's key
