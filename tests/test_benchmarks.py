@@ -42,6 +42,12 @@ needs_cuda = pytest.mark.skipif(
 # (script, options after --quick, lines its output must hold), one entry per run.
 RUNS = [
     pytest.param(
+        "decode_profile",
+        [],
+        ["machine: ", "matmul floor (the step's GEMMs)", "ours / matmul floor", "aten::mm"],
+        id="decode_profile",
+    ),
+    pytest.param(
         "engines",
         [],
         [

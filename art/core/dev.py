@@ -143,7 +143,10 @@ class InitArgs(_Config):
 
     max_seq_length: int = Field(default=8192, ge=16, description="Longest sequence trained.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="Weight dtype; auto picks bf16 where supported, else fp32."
+        default="auto",
+        description="Weight dtype; auto picks bf16 on CUDA and on CPUs whose kernels compute "
+        "it natively (AVX512-BF16 or AMX), else fp32 (AVX2, plain AVX512, ARM), and says "
+        "which once per process on stderr.",
     )
     load_in_4bit: bool = Field(
         default=False,
