@@ -164,6 +164,9 @@ def build_run_app(
         verbose = body.get("verbose", False)
         if not isinstance(verbose, bool):
             raise ApiError(400, "verbose: must be true or false", param="verbose")
+        # Loaded if this process has not yet (a client that registered before a restart),
+        # as ART's server starts a model's service on its first call.
+        await backend.register(model)
         try:
             result = await run_step(
                 model,

@@ -380,3 +380,30 @@ async def test_server_args_port_and_host_are_honoured_with_another_listener(
     async with httpx.AsyncClient(timeout=300) as anonymous:
         denied = await anonymous.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat)
         assert denied.status_code == 401  # the listener keeps art run's key
+
+
+async def test_a_model_this_process_never_registered_trains_on_its_first_call(
+    server: RunServer,
+) -> None:
+    # A client that registered before art run restarted goes straight to training.
+    model = {"name": "unseen", "project": "remote", "base_model": BASE, "trainable": True}
+    group = {
+        "trajectories": [
+            {
+                "messages_and_choices": [*PROMPT, {"role": "assistant", "content": colour}],
+                "reward": reward,
+            }
+            for colour, reward in (("Blue.", 1.0), ("Red.", 0.0))
+        ]
+    }
+    body = {
+        "model": model,
+        "trajectory_groups": [group],
+        "dev_config": {"allow_training_without_logprobs": True},
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=server.root, headers=headers, timeout=300) as http:
+        trained = await http.post("/_train_model", json=body)
+        assert trained.status_code == 200, trained.text
+        assert "loss" in json.loads(trained.text.splitlines()[0])
+        assert (await http.post("/_get_step", json=model)).json() == 1
