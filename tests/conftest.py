@@ -122,7 +122,15 @@ def test_seed() -> int:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A thread a test left behind must not hold the run open until CI's limit: if the
     process has not exited two minutes after the last test, print every thread's stack
-    and exit with status 1."""
+    and exit with status 1.
+
+    Not in an xdist worker: one that ran out of tests waits, done, for the controller to
+    close it, which happens only when the other worker is done too (in CI once more than
+    two minutes later: the guard dumped the idle worker's stacks into the log and killed
+    it mid-run). The controller's own guard covers the end of the whole run.
+    """
+    if hasattr(config, "workerinput"):
+        return
     faulthandler.dump_traceback_later(120, exit=True)
 
 
