@@ -48,8 +48,11 @@ def art_path(shared_backend: LocalBackend) -> Path:
     return Path(shared_backend.path)
 
 
-async def gather_groups(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
-    """Two groups of three rollouts through the model's own client; rewards differ."""
+async def gather_groups(
+    model: art.TrainableModel, max_tokens: tuple[int, int, int] = (6, 6, 6)
+) -> list[art.TrajectoryGroup]:
+    """Two groups of three rollouts through the model's own client, the i-th of each
+    group rewarded i and at most `max_tokens[i]` tokens long."""
     client = model.openai_client()
 
     async def rollout(word: str, index: int) -> art.Trajectory:
@@ -59,7 +62,9 @@ async def gather_groups(model: art.TrainableModel) -> list[art.TrajectoryGroup]:
             ]
         )
         completion = await client.chat.completions.create(
-            model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=6
+            model=model.get_inference_name(),
+            messages=trajectory.messages(),
+            max_tokens=max_tokens[index],
         )
         trajectory.messages_and_choices.append(completion.choices[0])
         trajectory.reward = float(index)
@@ -225,14 +230,16 @@ async def test_ppo_reaches_the_trainer_and_save_checkpoint_false_reports_no_path
 ) -> None:
     model = script_model
     step = await model.get_step()
-    groups = await gather_groups(model)
-    # Rewarding the least likely answers makes CISPO's loss (-advantage * logprob) large
-    # where PPO's (-advantage, equal lengths) is near 0: the loss says which one ran.
+    # Rewarding the longer answers (1, 4 and 16 tokens asked for; the reward is the length
+    # sampled) puts PPO's loss (-advantage per token) near -0.9 by the lengths alone, and
+    # CISPO's (-advantage * logprob per token) above 0, as a longer answer has the lower
+    # sequence logprob: the loss says which one ran, whatever was sampled.
+    groups = await gather_groups(model, max_tokens=(1, 4, 16))
     for group in groups:
         for trajectory in group.trajectories:
             choice = trajectory.messages_and_choices[-1]
             assert isinstance(choice, Choice)
-            trajectory.reward = -sum((choice.model_extra or {})["token_logprobs"])
+            trajectory.reward = float(len((choice.model_extra or {})["token_logprobs"]))
     ppo, cispo = expected_loss(groups, ppo=True), expected_loss(groups, ppo=False)
     assert abs(ppo - cispo) > 0.3
 
