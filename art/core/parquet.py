@@ -5,16 +5,22 @@ the turn was trainable) are for analysis with pandas, polars or DuckDB. The
 `trajectory` column holds the trajectory's full JSON, which is what `read_groups`
 rebuilds from, so nothing is lost in a round trip. A group's own `metrics` (JSON) and
 `logs` are repeated on each of its rows, as ART's `group_metrics` and `group_logs`.
+
+`read_groups` also reads the files OpenPipe ART writes (0.5.18's and 0.5.23's layouts,
+which have no `trajectory` column): see `art_parquet.py`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
+from .atomic import atomic_path
+from .errors import TrajectoryValidationError
 from .trajectories import PydanticException, Trajectory, TrajectoryGroup
 from .types import MessageOrChoice
 
@@ -84,7 +90,9 @@ def _message_row(item: MessageOrChoice) -> dict[str, Any]:
     }
 
 
-def _empty_row(split: str, step: int, group_index: int, group: TrajectoryGroup) -> dict[str, Any]:
+def _empty_row(
+    split: str | None, step: int | None, group_index: int, group: TrajectoryGroup
+) -> dict[str, Any]:
     return {
         "split": split,
         "step": step,
@@ -118,8 +126,11 @@ def _trajectory_row(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def write_groups(path: Path, groups: list[TrajectoryGroup], *, split: str, step: int) -> None:
-    """Write `groups` to `path` (overwriting it)."""
+def write_groups(
+    path: Path, groups: list[TrajectoryGroup], *, split: str | None, step: int | None
+) -> None:
+    """Write `groups` to `path` (overwriting it); `split` and `step` are null in a file
+    written outside a model's directory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -143,12 +154,16 @@ def write_groups(path: Path, groups: list[TrajectoryGroup], *, split: str, step:
 
 
 def read_groups(path: Path) -> list[TrajectoryGroup]:
-    """Rebuild the groups written by `write_groups`, exactly."""
+    """Rebuild the groups written by `write_groups`, exactly (or those of ART's file)."""
     import pyarrow.parquet as pq
 
+    present = set(pq.read_schema(path).names)
+    if "trajectory" not in present:
+        from .art_parquet import read_art_groups
+
+        return read_art_groups(path)
     columns = ["group_index", "group_metadata", "trajectory", "exception_type"]
     columns += ["exception_message", "exception_traceback"]
-    present = set(pq.read_schema(path).names)
     columns += [name for name in ("group_metrics", "group_logs") if name in present]
     rows = pq.read_table(path, columns=columns).to_pylist()
     by_index: dict[int, dict[str, Any]] = {}
@@ -183,3 +198,27 @@ def read_groups(path: Path) -> list[TrajectoryGroup]:
         )
         for _, parts in sorted(by_index.items())
     ]
+
+
+def write_trajectory_groups_parquet(
+    trajectory_groups: list[TrajectoryGroup], path: str | os.PathLike[str]
+) -> None:
+    """ART's writer: `trajectory_groups` to a Zstd Parquet file at `path`, atomically.
+
+    The file has our layout (`split` and `step` null), which ART's own reader opens as
+    its 0.5.18 layout (readable columns) and `read_trajectory_groups_parquet` exactly.
+    """
+    for index, group in enumerate(trajectory_groups):
+        if not isinstance(group, TrajectoryGroup):
+            raise TrajectoryValidationError(
+                f"trajectory_groups[{index}]",
+                f"expected a TrajectoryGroup, got {type(group).__name__}",
+                "Pass the groups `art.gather_trajectory_groups` returned",
+            )
+    with atomic_path(Path(path)) as tmp:
+        write_groups(tmp, list(trajectory_groups), split=None, step=None)
+
+
+def read_trajectory_groups_parquet(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
+    """ART's reader: the groups of a file of ours, or of ART 0.5.18 or 0.5.23, at `path`."""
+    return read_groups(Path(path))
