@@ -4,6 +4,7 @@
     art run --host 127.0.0.1 --port 7999 --path ./.art
     art autorl "Answer questions about our return policy" --steps 10 --path ./.art
     art show ./.art --project my-task
+    art migrate ./.art/my-task/models/agent --dry-run
 
 Add a subcommand by writing an `_add_<name>(subparsers)` that sets `handler` and
 listing it in `_COMMANDS`.
@@ -339,12 +340,104 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_migrate(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "migrate",
+        help="convert older JSONL trajectory logs to Parquet (ART's `art migrate`)",
+        description="Rewrite each trajectories/{split}/{step}.jsonl log that older ART "
+        "(0.4.x, early 0.5.x) wrote as the .parquet file `art show`, LocalBackend and "
+        "art.utils.trajectory_logging read, then delete the JSONL file unless --keep-jsonl. "
+        "A file that fails, or whose .parquet twin already exists, is left as it was and "
+        "named; the command then exits with status 1.",
+    )
+    parser.add_argument(
+        "path",
+        help="a model's directory, a project's directory, or a trajectories directory "
+        "(or one split's)",
+    )
+    parser.add_argument(
+        "--dry-run", "-n", action="store_true", help="say what would be migrated, change nothing"
+    )
+    parser.add_argument(
+        "--keep-jsonl", action="store_true", help="keep the JSONL files after conversion"
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="print each file")
+    parser.set_defaults(handler=_migrate)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .core.trajectory_migration import (
+        MigrationResult,
+        migrate_model_dir,
+        migrate_trajectories_dir,
+    )
+
+    path = Path(args.path)
+    if not path.exists():
+        return _fail(f"path does not exist: {path}")
+
+    def progress(indent: str) -> Callable[[str], None] | None:
+        return (lambda line: print(f"{indent}{line}")) if args.verbose else None
+
+    options = {"delete_originals": not args.keep_jsonl, "dry_run": args.dry_run}
+    if (path / "trajectories").is_dir():
+        print(f"Migrating model directory: {path}")
+        result = migrate_model_dir(path, progress_callback=progress("  "), **options)
+    elif (
+        path.name == "trajectories"
+        or any(path.glob("[0-9]*.jsonl"))
+        or any(path.glob("*/[0-9]*.jsonl"))
+    ):  # a trajectories directory, or one split's (ART takes the former only)
+        print(f"Migrating trajectories directory: {path}")
+        result = migrate_trajectories_dir(path, progress_callback=progress("  "), **options)
+    elif (path / "models").is_dir():
+        print(f"Migrating project directory: {path}")
+        result = MigrationResult()
+        for model_dir in sorted((path / "models").iterdir()):
+            if model_dir.is_dir():
+                if args.verbose:
+                    print(f"Processing model: {model_dir.name}")
+                result += migrate_model_dir(
+                    model_dir, progress_callback=progress("    "), **options
+                )
+    else:
+        return _fail(
+            f"{path} is not a model, project or trajectories directory (a model's holds "
+            "trajectories/, a project's models/)"
+        )
+    megabytes = result.space_saved / 1024 / 1024
+    if args.dry_run:
+        print(f"\n[DRY RUN] Would migrate {result.files_migrated} files")
+        if result.bytes_before:
+            print(f"  Estimated space savings: {megabytes:.1f} MB")
+    else:
+        print(f"\nMigrated {result.files_migrated} files")
+        if result.files_skipped:
+            print(f"Skipped {result.files_skipped} files")
+        if result.bytes_before and result.bytes_after:
+            print(f"Space saved: {megabytes:.1f} MB ({result.compression_ratio:.1f}x compression)")
+    if result.errors:
+        print(f"\nErrors ({len(result.errors)}):", file=sys.stderr)
+        for error in result.errors:
+            print(f"  {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _fail(message: str) -> int:
     print(f"art: error: {message}", file=sys.stderr)
     return 2
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_run, _add_autorl, _add_show]
+_COMMANDS: list[Callable[[Any], None]] = [
+    _add_serve,
+    _add_run,
+    _add_autorl,
+    _add_show,
+    _add_migrate,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,3 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def __getattr__(name: str) -> Any:
+    from ._refusals import refused_name
+
+    return refused_name(__name__, name)
