@@ -1,5 +1,8 @@
 """ART's `art.types` import path."""
 
+from typing import Any
+
+from ._refusals import refused_name
 from .core.types import (
     LocalTrainResult,
     Message,
@@ -12,7 +15,13 @@ from .core.types import (
     TrainConfig,
     TrainResult,
     TrainSFTConfig,
+    Verbosity,
 )
+
+
+def __getattr__(name: str) -> Any:
+    return refused_name(__name__, name)
+
 
 __all__ = [
     "LocalTrainResult",
@@ -26,4 +35,5 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainSFTConfig",
+    "Verbosity",
 ]

@@ -19,7 +19,9 @@ def test_import_art_defines_lazy_names_and_imports_no_heavy_library() -> None:
     heavy = ("torch", "transformers", "openai", "pyarrow", "httpx", "pydantic", "litellm")
     heavy += ("wandb", "weave", "langfuse", "opentelemetry")
     assert not [m for m in eval(foreign) if m.split(".")[0] in heavy]
-    assert eval(submodules) == []  # every public name is loaded on first use
+    # Every public name is loaded on first use; only the import hook that refuses ART's
+    # unbuilt modules by name is there from the start (it imports nothing of its own).
+    assert eval(submodules) == ["art._refusals"]
 
 
 def test_every_documented_import_line_works() -> None:
@@ -65,6 +67,19 @@ def test_art_0_5_module_paths_resolve_to_the_same_objects() -> None:
     assert art.gather.gather_trajectory_groups is art.gather_trajectory_groups
     assert art.utils.retry is art.retry
     assert art.dev.TrainConfig is not art.TrainConfig  # the dev config is the GRPO one
+
+
+def test_art_0_5_23_module_paths_resolve_to_the_same_objects() -> None:
+    import art
+    import art.errors
+    import art.tokenizer
+    import art.utils.sft
+
+    assert art.tokenizer.get_tokenizer is art.get_tokenizer
+    assert art.dev.LoRAConfig is art.LoRAConfig
+    assert art.errors.LocalServingUnavailableError is art.LocalServingUnavailableError
+    assert issubclass(art.LocalServingUnavailableError, art.BackendError)
+    assert callable(art.utils.sft.create_sft_dataset_iterator)
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -20,6 +20,7 @@ def not_built_function(name: str, missing: str) -> Any:
     placeholder.__name__ = name.rsplit(".", 1)[-1]
     placeholder.__qualname__ = placeholder.__name__
     placeholder.__doc__ = f"Not available yet: {missing}"
+    placeholder.__art_refused__ = missing  # type: ignore[attr-defined]  # for the names table
     return placeholder
 
 
@@ -30,7 +31,8 @@ def not_built_class(name: str, missing: str) -> Any:
         raise NotBuiltError(name, missing)
 
     short = name.rsplit(".", 1)[-1]
-    return type(short, (), {"__init__": __init__, "__doc__": f"Not available yet: {missing}"})
+    namespace = {"__init__": __init__, "__doc__": f"Not available yet: {missing}"}
+    return type(short, (), {**namespace, "__art_refused__": missing})
 
 
 trajectory_group_batches = not_built_function(

@@ -8,6 +8,9 @@ from typing import TypeVar
 from ..core.model import TrainableModel
 from ..core.trajectories import Trajectory, TrajectoryGroup
 
+ScalarMetadataValue = float | int | str | bool | None
+"""A value a scenario's fields may hold to be kept as its trajectories' metadata."""
+
 ScenarioT = TypeVar("ScenarioT")
 ConfigT = TypeVar("ConfigT")
 

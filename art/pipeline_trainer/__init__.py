@@ -1,5 +1,8 @@
 """ART's import path of the pipeline trainer; the implementation is `art.pipeline`."""
 
+from typing import Any
+
+from .._refusals import refused_name
 from ..pipeline import (
     ConfigT,
     EvalFn,
@@ -19,6 +22,11 @@ from ..pipeline.retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
+
+
+def __getattr__(name: str) -> Any:
+    return refused_name(__name__, name)
+
 
 __all__ = [
     "CHECKPOINT_CREATED_AT_METRIC",

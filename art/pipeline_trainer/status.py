@@ -1,0 +1,5 @@
+"""ART's `art.pipeline_trainer.status` import path."""
+
+from ..pipeline.status import StatusReporter
+
+__all__ = ["StatusReporter"]
