@@ -45,7 +45,7 @@ def choice_from_sse(body: bytes, index: int = 0) -> Choice:
             if delta.get("content"):
                 content.append(delta["content"])
             for call in delta.get("tool_calls") or []:
-                _merge_call(calls.setdefault(call.get("index", len(calls)), {}), call)
+                merge_call(calls.setdefault(call.get("index", len(calls)), {}), call)
             if part.get("logprobs") and part["logprobs"].get("content") is not None:
                 logprobs = (logprobs or []) + list(part["logprobs"]["content"])
             finish_reason = part.get("finish_reason") or finish_reason
@@ -86,7 +86,8 @@ def _events(body: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def _merge_call(into: dict[str, Any], delta: dict[str, Any]) -> None:
+def merge_call(into: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Add one streamed piece of a tool call (id, name and argument text) to `into`."""
     if delta.get("id"):
         into["id"] = delta["id"]
     into["type"] = delta.get("type") or into.get("type") or "function"
