@@ -60,13 +60,16 @@ def test_format_message_writes_role_content_and_tool_calls() -> None:
 
 
 def test_get_model_step_reads_the_highest_checkpoint(tmp_path: Path) -> None:
-    from art.utils.get_model_step import get_model_step
+    from art.utils.get_model_step import get_model_step, get_step_from_dir
 
     model = art.TrainableModel(name="m", project="p", base_model="x")
+    model_dir = tmp_path / "p" / "models" / "m"
     assert get_model_step(model, tmp_path) == 0
+    assert get_step_from_dir(model_dir) == 0
     for step in ("0000", "0003", ".0004.tmp"):
-        (tmp_path / "p" / "models" / "m" / "checkpoints" / step).mkdir(parents=True)
+        (model_dir / "checkpoints" / step).mkdir(parents=True)
     assert get_model_step(model, tmp_path) == 3
+    assert get_step_from_dir(str(model_dir)) == 3
 
 
 async def test_log_http_errors_names_status_url_and_detail(chat_server_url: str) -> None:
@@ -273,3 +276,65 @@ def test_arts_none_sections_and_dump_of_the_internal_config_round_trip() -> None
     assert dumped["_internal_config"] == {"engine_args": {"max_num_seqs": 4}}
     again = art.TrainableModel.model_validate(dumped)
     assert again.internal_config.engine_args.max_num_seqs == 4
+
+
+def test_arts_mcp_submodules_hold_the_same_objects(capsys: pytest.CaptureFixture[str]) -> None:
+    import art.mcp.generate_scenarios
+    from art.integrations import mcp
+    from art.mcp.default_tools import complete_task_tool
+    from art.mcp.generate_scenarios import preview_scenarios
+    from art.mcp.types import GeneratedScenario, MCPTool
+
+    assert art.mcp.generate_scenarios is mcp.generate_scenarios  # the function, not the module
+    assert (GeneratedScenario, MCPTool) == (mcp.GeneratedScenario, mcp.MCPTool)
+    assert art.mcp.complete_task_tool is complete_task_tool
+    assert complete_task_tool.name == "complete_task"
+    assert complete_task_tool.parameters["required"] == ["summary"]
+    text = preview_scenarios([{"task": "t" * 130, "difficulty": 2}, {"task": "short"}], n=1)
+    assert text == "1. " + "t" * 120 + "...  (difficulty 2/5)"
+    assert capsys.readouterr().out == text + "\n"
+
+
+def test_arts_module_paths_hold_the_same_objects_or_refuse_by_name() -> None:
+    import art.auto_trajectory
+    import art.batches
+    import art.langgraph.llm_wrapper
+    import art.local.backend
+    import art.model
+    import art.pipeline_trainer.checkpoint_retention
+    import art.pipeline_trainer.state
+    import art.pipeline_trainer.status
+    import art.pipeline_trainer.trainer
+    import art.pipeline_trainer.types
+    from art.utils.format_message import format_message
+    from art.utils.log_http_errors import log_http_errors
+    import art.yield_trajectory
+    from art.integrations import capture, langgraph
+    from art.pipeline import retention, status
+
+    assert art.pipeline_trainer.trainer.PipelineTrainer is art.PipelineTrainer
+    assert art.pipeline_trainer.types.SingleRolloutFn is art.pipeline_trainer.SingleRolloutFn
+    assert art.pipeline_trainer.status.StatusReporter is status.StatusReporter
+    assert art.pipeline_trainer.checkpoint_retention.keep_recent_and_top is (
+        retention.keep_recent_and_top
+    )
+    assert art.pipeline_trainer.state.PipelineState.__name__ == "PipelineState"
+    assert art.model.TrainableModel is art.TrainableModel
+    assert art.local.backend.logger.name == "art.local.backend"
+    assert format_message is art.utils.format_message
+    assert log_http_errors is art.utils.log_http_errors
+    assert art.langgraph.llm_wrapper.wrap_rollout is langgraph.wrap_rollout
+    assert art.auto_trajectory.capture_auto_trajectory is capture.capture_auto_trajectory
+    assert art.yield_trajectory.yield_trajectory is capture.yield_trajectory
+    # ART's internals behind those paths are refused by name, with what to use instead.
+    for refused, says in [
+        (art.batches.trajectory_group_batches, "gather_trajectory_groups"),
+        (art.auto_trajectory.patch_httpx, "patches no third-party code"),
+        (art.langgraph.llm_wrapper.LoggingLLM, "wrap_rollout records each call"),
+        (art.pipeline_trainer.trainer.PIPELINE_STATE_KEY, "pipeline_state.json"),
+        (art.tokenize, "capture_auto_trajectory"),
+    ]:
+        with pytest.raises(art.NotBuiltError, match=says):
+            refused()
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        art.pipeline_trainer.trainer.not_a_name  # noqa: B018

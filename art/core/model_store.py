@@ -39,6 +39,12 @@ class ModelStore:
     def __init__(self, base_path: str | os.PathLike[str], project: str, name: str) -> None:
         self.dir = Path(base_path) / project / "models" / name
 
+    @classmethod
+    def at(cls, model_dir: str | os.PathLike[str]) -> ModelStore:
+        """The store of the model directory `model_dir` (`<path>/<project>/models/<name>`)."""
+        directory = Path(model_dir)
+        return cls(directory.parent.parent.parent, directory.parent.parent.name, directory.name)
+
     # --- registration -------------------------------------------------------------------
 
     @property

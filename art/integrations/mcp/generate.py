@@ -208,3 +208,16 @@ async def generate_scenarios(
     if show_preview:
         collection.preview(n=min(5, num_scenarios))
     return collection
+
+
+def preview_scenarios(scenarios: Sequence[Mapping[str, Any]], n: int = 5) -> str:
+    """Print (and return) the first `n` of scenarios given as dicts (`task`, and
+    `difficulty` where known), as ART's `preview_scenarios` does."""
+    lines = []
+    for i, scenario in enumerate(scenarios[:n]):
+        task = str(scenario["task"])
+        shown = task[:120].strip() + ("..." if len(task) > 120 else "")
+        lines.append(f"{i + 1}. {shown}  (difficulty {scenario.get('difficulty', 'N/A')}/5)")
+    text = "\n".join(lines)
+    print(text)
+    return text
