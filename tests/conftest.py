@@ -287,3 +287,37 @@ def unique_project(request: pytest.FixtureRequest) -> str:
     """A project name no other test uses: the test's module and name."""
     module = Path(request.node.path).stem.removeprefix("test_")
     return re.sub(r"[^A-Za-z0-9._-]", "-", f"{module}-{request.node.name}")[:120]
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A real S3-compatible server on 127.0.0.1 for the session (moto's server mode, which
+    takes any credentials); its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """Points boto3 (`art.utils.s3`) at `s3_server` through AWS's own environment
+    variables, with fake credentials and no config files; returns a bucket name no other
+    test uses (not created: a push creates it, as ART's does)."""
+    import uuid
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "BACKUP_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return f"art-test-{uuid.uuid4().hex[:12]}"

@@ -292,9 +292,6 @@ async def test_a_model_forks_another_models_checkpoint_then_trains_on_from_it(
     await target.register(backend)
     unforked = await probe(target, f"{target.get_inference_name()}@0")
 
-    with pytest.raises(art.ConfigError) as refused:
-        await backend._experimental_fork_checkpoint(target, "fork-source", from_s3_bucket="b")
-    assert refused.value.field == "from_s3_bucket"
     with pytest.raises(art.ConfigError, match="Pick one of its steps: 0, 1") as refused:
         await backend._experimental_fork_checkpoint(target, "fork-source", not_after_step=-1)
     assert refused.value.field == "not_after_step"

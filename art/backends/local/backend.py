@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from ...core import dev
 from ...core.backend import InferenceEndpoint
@@ -15,6 +17,7 @@ from ...core.errors import ConfigError
 from ...core.model import Model, TrainableModel
 from ...core.model_store import ModelStore, fork_checkpoint
 from ...core.registration import refuse_changed_registration
+from ...core.s3 import ExcludableOption
 from ...core.sft_data import spool_examples
 from ...core.train_options import LocalTrainKeywords, local_train_options
 from ...core.training import run_step
@@ -63,6 +66,7 @@ class LocalBackend:
         self._placement = placement
         self._locks: dict[str, asyncio.Lock] = {}
         self._service: ServiceAPI | None = None
+        self._served: set[str] = set()  # trainable models registered with the service
 
     def _model_service(self) -> ServiceAPI:
         if self._service is None:
@@ -119,6 +123,8 @@ class LocalBackend:
             )
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
+        if isinstance(model, TrainableModel):
+            self._served.add(f"{model.project}/{model.name}")
         return endpoint
 
     async def get_step(self, model: Model) -> int:
@@ -294,20 +300,26 @@ class LocalBackend:
         latest, or its latest at or before `not_after_step`, is copied in as `model`'s
         checkpoint of the same step, which `model` then serves and trains on from.
 
-        The source is `from_project/from_model` under this backend's path (default: the
-        model's own project); it must share the base model. S3 (`from_s3_bucket`,
-        `prefix`) is not built and is refused.
+        The source is `from_project/from_model` (default: the model's own project); it
+        must share the base model. With `from_s3_bucket` (and `prefix`, the key prefix it
+        was pushed under) that checkpoint and the source's `model.json` are first pulled
+        from S3 into this backend's path (`art.utils.s3`); otherwise the source is read
+        from this backend's path.
         """
-        for field, value in (("from_s3_bucket", from_s3_bucket), ("prefix", prefix)):
-            if value is not None:
-                raise ConfigError(
-                    field,
-                    "forking from S3 is not built",
-                    f"Copy the checkpoints under {self.path} and leave {field}=None",
-                )
+        if prefix is not None and from_s3_bucket is None:
+            raise ConfigError(
+                "prefix",
+                "is an S3 key prefix, and no from_s3_bucket was given",
+                "Pass from_s3_bucket too, or leave prefix=None",
+            )
         if not isinstance(model, TrainableModel):
             raise ConfigError("model", "is not a TrainableModel", "Fork into a trainable model")
-        source = ModelStore(self.path, from_project or model.project, from_model)
+        from_project = from_project or model.project
+        if from_s3_bucket is not None:
+            await self._pull_fork_source(
+                from_model, from_project, from_s3_bucket, prefix, not_after_step, verbose
+            )
+        source = ModelStore(self.path, from_project, from_model)
         service = self._model_service()
         async with self._lock(model):
             source_dir = await asyncio.to_thread(
@@ -316,6 +328,204 @@ class LocalBackend:
             await asyncio.to_thread(service.continue_from_latest, model.project, model.name)
         if verbose:
             print(f"[{model.project}/{model.name}] forked {source_dir}")
+
+    async def _pull_fork_source(
+        self,
+        name: str,
+        project: str,
+        bucket: str,
+        prefix: str | None,
+        not_after_step: int | None,
+        verbose: bool,
+    ) -> None:
+        """Pull the checkpoint a fork from S3 starts from, with the source's model.json."""
+        from ...core import s3
+
+        where = s3.build_s3_path(model_name=name, project=project, s3_bucket=bucket, prefix=prefix)
+        if not_after_step is None:
+            step = await s3.get_latest_checkpoint_step_from_s3(name, project, bucket, prefix)
+            if step is None:
+                raise FileNotFoundError(f"{where}/checkpoints/ holds no checkpoints to fork from")
+        else:
+            step = await s3.get_checkpoint_step_not_after_from_s3(
+                name, project, not_after_step, bucket, prefix
+            )
+            if step is None:
+                raise ConfigError(
+                    "not_after_step",
+                    f"{where} has no checkpoint at or before step {not_after_step}",
+                    "Pick a later step, or check from_model, from_project and prefix",
+                )
+        if verbose:
+            print(f"pulling checkpoint {step} of {project}/{name} from {where}")
+        async with self._lock(Model(name=name, project=project)):
+            await s3.pull_model_from_s3(
+                name, project, step, bucket, prefix, verbose, art_path=self.path
+            )
+            await s3.pull_model_record(name, project, bucket, prefix, self.path)
+
+    # --- S3 (ART's experimental calls; the work is art.core.s3's) ----------------------
+
+    async def _experimental_push_to_s3(
+        self,
+        model: Model,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> None:
+        """Upload the model's directory (checkpoints, trajectories, history, model.json)
+        to `s3://<s3_bucket>/<prefix>/<project>/models/<name>/`, creating the bucket if
+        it is missing. `s3_bucket=None`: the BACKUP_BUCKET environment variable.
+        `delete`: also delete what is stored there and not here. No step is written
+        while it uploads."""
+        from ...core.s3 import push_model_to_s3
+
+        async with self._lock(model):
+            await push_model_to_s3(
+                model.name, model.project, s3_bucket, prefix, verbose, delete, self.path
+            )
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: Model,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+        only_step: int | Literal["latest"] | None = None,
+        step: int | None = None,
+        exclude: list[ExcludableOption] | None = None,
+        latest_only: bool = False,
+    ) -> None:
+        """Download the model's directory from S3 into this backend's path (deprecated in
+        ART, as here: use `_experimental_pull_model_checkpoint` for one checkpoint).
+
+        Pull into a fresh path, then `await model.register(backend)`: the model resumes
+        from the highest checkpoint pulled. A registered model pulled to a later step
+        trains and serves on from it at once.
+
+        Args:
+            only_step: one checkpoint only: its step, or "latest" (the highest stored;
+                where none is stored nothing is pulled). None: everything.
+            step: ART's older name for an int `only_step`.
+            latest_only: ART's older spelling of `only_step="latest"`.
+            exclude: top-level folders to leave out ("checkpoints", "logs", "trajectories").
+            delete: also delete local files of the model that S3 does not hold.
+        """
+        warnings.warn(
+            "_experimental_pull_from_s3 is deprecated. Use "
+            "_experimental_pull_model_checkpoint instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from ...core import s3
+
+        if latest_only and only_step not in (None, "latest"):
+            raise ConfigError(
+                "latest_only", f"contradicts only_step={only_step!r}", "Pass only_step alone"
+            )
+        if step is not None and only_step not in (None, step):
+            raise ConfigError(
+                "step",
+                f"is {step} and only_step is {only_step!r}",
+                "Pass only_step alone (step is its older name)",
+            )
+        wanted = step if step is not None else ("latest" if latest_only else only_step)
+        if wanted == "latest":
+            wanted = await s3.get_latest_checkpoint_step_from_s3(
+                model.name, model.project, s3_bucket, prefix
+            )
+            if wanted is None:
+                if verbose:
+                    print("No checkpoints found in S3")
+                return
+        async with self._lock(model):
+            before = await self.get_step(model)
+            await s3.pull_model_from_s3(
+                model.name,
+                model.project,
+                wanted,
+                s3_bucket,
+                prefix,
+                verbose,
+                delete,
+                self.path,
+                exclude,
+            )
+            await self._serve_latest_if_moved(model, before)
+
+    async def _experimental_pull_model_checkpoint(
+        self,
+        model: TrainableModel,
+        *,
+        step: int | Literal["latest"] | None = None,
+        local_path: str | None = None,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+    ) -> str:
+        """The local directory of one checkpoint of `model`, pulled from S3 if this
+        backend's path lacks it; returns that directory (or `local_path`, a copy).
+
+        `step` None or "latest": the highest step here or, with `s3_bucket`, in S3
+        (here wins a tie). `local_path`: copy the checkpoint's files there too.
+        """
+        from ...core import s3
+
+        store = self._store(model)
+        if step is None or step == "latest":
+            local = store.step() or None
+            remote = (
+                await s3.get_latest_checkpoint_step_from_s3(
+                    model.name, model.project, s3_bucket, prefix
+                )
+                if s3_bucket is not None
+                else None
+            )
+            if local is None and remote is None:
+                raise FileNotFoundError(
+                    f"No checkpoints found for {model.project}/{model.name} in {store.dir}"
+                    + (f" or in S3 bucket {s3_bucket!r}" if s3_bucket is not None else "")
+                )
+            resolved = max(found for found in (local, remote) if found is not None)
+        else:
+            resolved = step
+        directory = store.checkpoint_dir(resolved)
+        if not directory.is_dir():
+            if s3_bucket is None:
+                raise FileNotFoundError(
+                    f"Checkpoint not found at {directory} and no S3 bucket specified"
+                )
+            if verbose:
+                print(f"Pulling checkpoint step {resolved} from S3...")
+            async with self._lock(model):
+                before = await self.get_step(model)
+                await s3.pull_model_from_s3(
+                    model.name,
+                    model.project,
+                    resolved,
+                    s3_bucket,
+                    prefix,
+                    verbose,
+                    art_path=self.path,
+                )
+                await self._serve_latest_if_moved(model, before)
+        if local_path is None:
+            return str(directory)
+        if verbose:
+            print(f"Copying checkpoint from {directory} to {local_path}...")
+        await asyncio.to_thread(shutil.copytree, directory, local_path, dirs_exist_ok=True)
+        return local_path
+
+    async def _serve_latest_if_moved(self, model: Model, before: int) -> None:
+        """A registered model whose latest checkpoint a pull changed trains and serves
+        on from it (as after a fork); the caller holds the model's lock."""
+        served = self._service is not None and f"{model.project}/{model.name}" in self._served
+        if served and self._service is not None and await self.get_step(model) != before:
+            await asyncio.to_thread(self._service.continue_from_latest, model.project, model.name)
 
     async def _forget(self, model: Model, deleted: list[int]) -> None:
         if deleted and self._service is not None:  # an engine may still hold them
@@ -327,6 +537,7 @@ class LocalBackend:
         """Stop the model service (and its process); stored files stay."""
         if self._service is not None:
             service, self._service = self._service, None
+            self._served.clear()
             await asyncio.to_thread(service.close)
 
     async def __aenter__(self) -> LocalBackend:
