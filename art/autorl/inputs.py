@@ -16,9 +16,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.api_costs import CostUnavailableError, load_litellm, record_api_cost
 from ..core.arguments import check_at_least
 from ..core.errors import ArtError, ConfigError
 
+# The generator's calls are costed as `costs/<context>/autorl/inputs` (ART's scheme).
+COST_SOURCE = "autorl/inputs"
 # An input is a user message: a sentence or a short paragraph, never an essay.
 INPUT_MAX_CHARS = 200
 SYSTEM_PROMPT_MAX_CHARS = 300
@@ -264,8 +267,7 @@ async def _write_system_prompt(
 async def _complete(
     model: str, extra: Mapping[str, Any], messages: list[dict[str, str]], schema: dict[str, Any]
 ) -> str | None:
-    import litellm
-
+    litellm = load_litellm()
     response = await litellm.acompletion(
         model=model,
         messages=messages,
@@ -275,5 +277,19 @@ async def _complete(
         },
         **extra,
     )
+    _record_cost(model, response)
     content = response.choices[0].message.content
     return content if isinstance(content, str) else None
+
+
+def _record_cost(model: str, response: Any) -> None:
+    """Record the call's cost in the active `MetricsBuilder` (`model.activate_metrics_
+    context(...)`), where one is active and the model is priced; as for RULER's judge the
+    provider is the name's prefix, and a model without one (or ours) is unpriced."""
+    provider, slash, _ = model.partition("/")
+    if not slash or not provider.strip():
+        return
+    try:
+        record_api_cost(COST_SOURCE, response, provider=provider, model_name=model)
+    except CostUnavailableError:
+        return

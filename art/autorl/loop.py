@@ -140,57 +140,62 @@ async def train(
     run_dir = ModelStore(path, project, name).dir / "autorl"
     models = _reach(model, judge_model, judge_params, generator_model, generator_params, group_size)
 
-    inputs = await _load_or_generate_inputs(
-        run_dir, task_description, models, system_prompt, num_inputs, num_val, seed
-    )
-    base_answers = await _load_or_answer_base(run_dir, model, inputs, max_tokens)
-    evaluations = _load_evaluations(run_dir)
-
-    from tqdm.auto import tqdm
-
-    start_step = step = await model.get_step()
-    rng = random.Random(seed * 1_000_003 + step)
-    failures = judged = with_spread = 0
-    with tqdm(total=steps, initial=min(step, steps), desc="autorl", unit="step") as bar:
-        while step < steps:
-            chosen = rng.sample(inputs.train, groups_per_step)
-            groups = await gather_trajectory_groups(
-                (
-                    TrajectoryGroup(
-                        _rollout(model, inputs.system_prompt, text, max_tokens)
-                        for _ in range(group_size)
-                    )
-                    for text in chosen
-                ),
-                pbar_desc=f"step {step + 1} rollouts",
-                after_each=lambda group: _score(group, models, rubric),
-            )
-            if not groups:
-                failures += 1
-                if failures == 3:
-                    raise JudgeError(
-                        f"{models.judge} could score no group three steps in a row; "
-                        "use a stronger judge_model or a larger max_tokens for it"
-                    )
-                continue
-            failures = 0
-            judged += len(groups)
-            with_spread += int(group_metrics(groups)["trainable_groups"])
-            await model.train(groups, config=TrainConfig(learning_rate=learning_rate))
-            step = await model.get_step()
-            bar.update(1)
-            if step % eval_every == 0 or step == steps:
-                evaluations.append(
-                    await _evaluate(model, step, inputs, base_answers, models, rubric, max_tokens)
-                )
-                _save_evaluations(run_dir, evaluations)
-    if steps > 0 and step >= steps and not any(e.step == step for e in evaluations):
-        # Interrupted after the last step trained and before it was evaluated.
-        evaluations.append(
-            await _evaluate(model, step, inputs, base_answers, models, rubric, max_tokens)
+    # The generator's and the judge's costs go into the model's history rows, as ART's
+    # `costs/train/...` (and `costs/eval/...` for the evaluations).
+    with model.metrics_builder("train").activate_context():
+        inputs = await _load_or_generate_inputs(
+            run_dir, task_description, models, system_prompt, num_inputs, num_val, seed
         )
-        _save_evaluations(run_dir, evaluations)
-    return AutoRLResult(run_dir, inputs, start_step, step, evaluations, judged, with_spread)
+        base_answers = await _load_or_answer_base(run_dir, model, inputs, max_tokens)
+        evaluations = _load_evaluations(run_dir)
+
+        from tqdm.auto import tqdm
+
+        start_step = step = await model.get_step()
+        rng = random.Random(seed * 1_000_003 + step)
+        failures = judged = with_spread = 0
+        with tqdm(total=steps, initial=min(step, steps), desc="autorl", unit="step") as bar:
+            while step < steps:
+                chosen = rng.sample(inputs.train, groups_per_step)
+                groups = await gather_trajectory_groups(
+                    (
+                        TrajectoryGroup(
+                            _rollout(model, inputs.system_prompt, text, max_tokens)
+                            for _ in range(group_size)
+                        )
+                        for text in chosen
+                    ),
+                    pbar_desc=f"step {step + 1} rollouts",
+                    after_each=lambda group: _score(group, models, rubric),
+                )
+                if not groups:
+                    failures += 1
+                    if failures == 3:
+                        raise JudgeError(
+                            f"{models.judge} could score no group three steps in a row; "
+                            "use a stronger judge_model or a larger max_tokens for it"
+                        )
+                    continue
+                failures = 0
+                judged += len(groups)
+                with_spread += int(group_metrics(groups)["trainable_groups"])
+                await model.train(groups, config=TrainConfig(learning_rate=learning_rate))
+                step = await model.get_step()
+                bar.update(1)
+                if step % eval_every == 0 or step == steps:
+                    evaluations.append(
+                        await _evaluate(
+                            model, step, inputs, base_answers, models, rubric, max_tokens
+                        )
+                    )
+                    _save_evaluations(run_dir, evaluations)
+        if steps > 0 and step >= steps and not any(e.step == step for e in evaluations):
+            # Interrupted after the last step trained and before it was evaluated.
+            evaluations.append(
+                await _evaluate(model, step, inputs, base_answers, models, rubric, max_tokens)
+            )
+            _save_evaluations(run_dir, evaluations)
+        return AutoRLResult(run_dir, inputs, start_step, step, evaluations, judged, with_spread)
 
 
 def _reach(
@@ -332,12 +337,13 @@ async def _evaluate(
         pair = [_answered(prompt, base_answers[text]), _answered(prompt, answer)]
         base_first = index % 2 == 0  # alternate the order so position bias cancels out
         try:
-            judged = await ruler(
-                pair if base_first else pair[::-1],
-                models.judge,
-                models.judge_params,
-                rubric,
-            )
+            with model.metrics_builder("eval").activate_context():
+                judged = await ruler(
+                    pair if base_first else pair[::-1],
+                    models.judge,
+                    models.judge_params,
+                    rubric,
+                )
         except (JudgeError, ConfigError):
             raise
         except Exception as error:  # an unreachable judge counts as unjudged, not fatal

@@ -12,6 +12,10 @@ completion_tokens   mean sampled tokens per trajectory, where choices report the
 <metric>            mean of each trajectory metric, over the trajectories that have it
 group_<metric>      mean of each group metric (`TrajectoryGroup(metrics=...)`), over the
                     groups that have it and hold at least one trajectory (ART's rule)
+
+A trajectory or group metric named `costs/...` is money spent, so it is summed, not
+averaged (`group_costs`), and recorded through the model's `MetricsBuilder` under its own
+name (ART's rule): it is left out of the averages.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections import defaultdict
 
 from .gather import completion_tokens
 from .trajectories import TrajectoryGroup
+
+_COSTS = "costs/"
 
 
 def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
@@ -49,14 +55,28 @@ def group_metrics(groups: list[TrajectoryGroup]) -> dict[str, float]:
     for group in groups:
         for trajectory in group.trajectories:
             for key, value in trajectory.metrics.items():
-                sums[key].append(float(value))
+                if not key.startswith(_COSTS):
+                    sums[key].append(float(value))
     for key, values in sums.items():
         metrics.setdefault(key, statistics.fmean(values))
     per_group: dict[str, list[float]] = defaultdict(list)
     for group in groups:
         if group.trajectories:  # a group of exceptions only measured nothing (as in ART)
             for key, value in group.metrics.items():
-                per_group[key].append(float(value))
+                if not key.startswith(_COSTS):
+                    per_group[key].append(float(value))
     for key, values in per_group.items():
         metrics.setdefault(f"group_{key}", statistics.fmean(values))
     return metrics
+
+
+def group_costs(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """The `costs/...` metrics of every trajectory and group, summed per name."""
+    totals: dict[str, float] = defaultdict(float)
+    for group in groups:
+        every = [group.metrics, *(trajectory.metrics for trajectory in group.trajectories)]
+        for metrics in every:
+            for key, value in metrics.items():
+                if key.startswith(_COSTS):
+                    totals[key] += float(value)
+    return dict(totals)

@@ -20,6 +20,13 @@ class TrajectoryScore(BaseModel):
     score: float = Field(description="From 0 (worst) to 1 (best).")
 
 
+class Response(BaseModel):
+    """A whole judge answer: one `TrajectoryScore` per trajectory (ART's
+    `art.rewards.ruler.Response`, for reading a judge's JSON yourself)."""
+
+    scores: list[TrajectoryScore] = Field(description="One score per trajectory.")
+
+
 def parse_scores(content: str | None, ids: Sequence[str]) -> list[TrajectoryScore]:
     """The scores in the judge's JSON answer, in the order of `ids`, matched by id.
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.api_costs import CostUnavailableError, extract_api_cost, load_litellm
 from ..core.errors import ConfigError, JudgeError, TrajectoryValidationError
+from ..core.metrics_builder import MetricsBuilder
 from ..core.trajectories import History, Trajectory, TrajectoryGroup
 from ..core.types import Message, Tool
 from .answer import TrajectoryScore, parse_scores
@@ -28,6 +31,8 @@ logger = logging.getLogger("art.ruler")
 # A judge answer that fails the check is asked for once more before giving up.
 _ATTEMPTS = 2
 _RESERVED = ("messages", "response_format")
+# ART's name for the judge's cost: `costs/<context>/judge/ruler` in history.jsonl.
+COST_SOURCE = "judge/ruler"
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class Judgement:
     scores: list[TrajectoryScore]
     prompt_tokens: int
     completion_tokens: int
-    cost: float | None  # US dollars; None where LiteLLM has no price for the model
+    cost: float | None  # US dollars; None where the judge model is unpriced
     cached: bool
 
 
@@ -101,8 +106,10 @@ async def ruler_score_group(
     the score as `reward` and `metrics["ruler_score"]`, and the judge's explanation in
     its `logs`. The judge call's cost is shared out over the trajectories as
     `ruler_judge_prompt_tokens`, `ruler_judge_completion_tokens` and `ruler_judge_cost`
-    (US dollars, where LiteLLM knows the price), so that summed over a step they give
-    what the judge cost, and their mean in `history.jsonl` is the cost per rollout.
+    (US dollars, where the judge is priced: `art.api_costs`), so that summed over a step
+    they give what the judge cost, and their mean in `history.jsonl` is the cost per
+    rollout. Inside `model.activate_metrics_context(...)` the cost is also recorded as
+    ART's `costs/<context>/judge/ruler`, summed into the model's next history row.
 
     A trajectory with `additional_histories` (a LangGraph summarizer node, a sub-agent)
     is judged whole: its main conversation, then each history under a divider saying it
@@ -181,17 +188,21 @@ async def judge(
             print(f"[RULER] cached judge answer ({store.path(key)}):\n{entry['content']}")
         return Judgement(parse_scores(entry["content"], ids), 0, 0, 0.0, cached=True)
 
-    import litellm
-
+    acompletion, response_type = _litellm_names()
     prompt_tokens = completion_tokens = 0
     cost: float | None = 0.0
     failure: JudgeError | None = None
     for attempt in range(1, _ATTEMPTS + 1):
-        response = await litellm.acompletion(**request, caching=False)
+        response = await acompletion(**request, caching=False)
+        if not isinstance(response, response_type):
+            raise JudgeError(
+                f"{judge_model}: acompletion returned a {type(response).__name__}, not a "
+                f"{response_type.__name__}; leave `stream` out of extra_litellm_params"
+            )
         usage = getattr(response, "usage", None)
         prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
         completion_tokens += getattr(usage, "completion_tokens", 0) or 0
-        call_cost = _cost(response)
+        call_cost = _record_cost(judge_model, response)
         cost = None if cost is None or call_cost is None else cost + call_cost
         content = _content(response)
         if debug:
@@ -269,12 +280,39 @@ def _content(response: Any) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def _cost(response: Any) -> float | None:
-    import litellm
+def _litellm_names() -> tuple[Callable[..., Awaitable[Any]], type]:
+    """The `acompletion` RULER calls and the response type it accepts: ART's import path
+    `art.rewards.ruler` holds them where it is loaded (users and tests replace them
+    there), LiteLLM's own otherwise. Looked up on each call, never imported from here, so
+    `art.ruler` does not depend on the import path that re-exports it."""
+    module = sys.modules.get("art.rewards.ruler")
+    if module is not None:
+        return module.acompletion, module.ModelResponse
+    litellm = load_litellm()
+    from litellm.types.utils import ModelResponse
 
+    return litellm.acompletion, ModelResponse
+
+
+def _record_cost(judge_model: str, response: Any) -> float | None:
+    """The judge call's cost in US dollars, recorded as `costs/<context>/judge/ruler` in
+    the active `MetricsBuilder` if any; None where the judge is unpriced.
+
+    As in ART the provider is the model name's prefix (`openai/...`): a name without one
+    is unpriced, and so is a model no price table knows (a judge on our own endpoint).
+    """
+    provider, slash, _ = judge_model.partition("/")
+    if not slash or not provider.strip():
+        return None
     try:
-        return float(litellm.completion_cost(completion_response=response))
-    except Exception:  # LiteLLM raises a bare Exception for a model it has no price for
+        try:
+            builder = MetricsBuilder.get_active()
+        except LookupError:
+            return extract_api_cost(response, provider=provider, model_name=judge_model)
+        return builder.add_response_cost(
+            COST_SOURCE, response, provider=provider, model_name=judge_model
+        )
+    except CostUnavailableError:
         return None
 
 
