@@ -15,7 +15,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._refusals import install as _install_refusals
+
 __version__ = "0.1.0"
+
+# ART's internal modules (its Megatron trainer, vLLM runtime, ...) are refused on import
+# with the reason and what to use instead: docs/reference/art-names.md.
+_install_refusals()
 
 _EXPORTS: dict[str, str] = {
     "Trajectory": "art.core.trajectories",
@@ -49,7 +55,14 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "art.core.errors",
     "JudgeError": "art.core.errors",
     "ModelNotRegisteredError": "art.core.errors",
+    "MetricDefinition": "art.core.metrics_builder",
+    "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS": "art.core.metrics_builder",
+    "PIPELINE_RL_METRIC_DEFINITIONS": "art.core.metrics_builder",
+    "PIPELINE_RL_SCORE_METRICS": "art.core.metrics_builder",
     "NotBuiltError": "art.core.errors",
+    "LocalServingUnavailableError": "art.core.errors",
+    "LoRAConfig": "art.core.dev",
+    "get_tokenizer": "art.runtime.tokenizer",
     "RolloutError": "art.core.errors",
     "StorageError": "art.core.errors",
     "TrainingError": "art.core.errors",
@@ -80,6 +93,12 @@ _SUBMODULES = {
     "autorl",
     "ruler",
     "pipeline_trainer",
+    "errors",
+    "tokenizer",
+    "metrics_taxonomy",
+    "metrics",
+    "costs",
+    "api_costs",
 }
 
 __all__ = sorted([*_EXPORTS, "dev"])
@@ -91,7 +110,9 @@ def __getattr__(name: str) -> Any:
     elif name in _SUBMODULES:
         value = importlib.import_module(f"art.{name}")
     else:
-        raise AttributeError(f"module 'art' has no attribute {name!r}")
+        from ._refusals import refused_name
+
+        return refused_name(__name__, name)  # ART's names not built here, or AttributeError
     globals()[name] = value
     return value
 
@@ -105,6 +126,7 @@ if TYPE_CHECKING:
     from .backends.local import LocalBackend as LocalBackend
     from .backends.serverless import ServerlessBackend as ServerlessBackend
     from .core.backend import Backend as Backend
+    from .core.dev import LoRAConfig as LoRAConfig
     from .core.errors import (
         ArtError as ArtError,
     )
@@ -120,6 +142,7 @@ if TYPE_CHECKING:
     from .core.errors import (
         JudgeError as JudgeError,
     )
+    from .core.errors import LocalServingUnavailableError as LocalServingUnavailableError
     from .core.errors import (
         ModelNotRegisteredError as ModelNotRegisteredError,
     )
@@ -140,6 +163,14 @@ if TYPE_CHECKING:
     )
     from .core.gather import gather_trajectories as gather_trajectories
     from .core.gather import gather_trajectory_groups as gather_trajectory_groups
+    from .core.metrics_builder import (
+        PIPELINE_RL_DASHBOARD_DEFAULT_METRICS as PIPELINE_RL_DASHBOARD_DEFAULT_METRICS,
+    )
+    from .core.metrics_builder import (
+        PIPELINE_RL_METRIC_DEFINITIONS as PIPELINE_RL_METRIC_DEFINITIONS,
+    )
+    from .core.metrics_builder import PIPELINE_RL_SCORE_METRICS as PIPELINE_RL_SCORE_METRICS
+    from .core.metrics_builder import MetricDefinition as MetricDefinition
     from .core.model import Model as Model
     from .core.model import TrainableModel as TrainableModel
     from .core.not_built import trajectory_group_batches as trajectory_group_batches
@@ -168,3 +199,4 @@ if TYPE_CHECKING:
     from .integrations.capture import capture_yielded_trajectory as capture_yielded_trajectory
     from .integrations.capture import yield_trajectory as yield_trajectory
     from .pipeline import PipelineTrainer as PipelineTrainer
+    from .runtime.tokenizer import get_tokenizer as get_tokenizer

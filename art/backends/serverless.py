@@ -277,6 +277,13 @@ class ServerlessBackend:
         The API's SFT config has a learning rate and a batch size only: a non-default
         `_config`, or a trajectory with `additional_histories`, is refused by name.
         """
+        if config.assistant_turns != "all":
+            raise ConfigError(
+                "config.assistant_turns",
+                f"is {config.assistant_turns!r}; the Training API's SFT jobs train every "
+                "assistant turn",
+                "Use LocalBackend for assistant_turns='last', or leave it 'all'",
+            )
         if dev_config != dev.TrainSFTConfig():
             raise ConfigError(
                 "_config",
@@ -540,6 +547,12 @@ def experimental_config(config: TrainConfig, dev_config: dev.TrainConfig) -> dic
         "learning_rate": config.learning_rate,
         "beta": config.beta or None,
         "kl_penalty_coef": config.kl_penalty_coef or None,
+        "kl_penalty_source": config.kl_penalty_source,
+        # Ours (art serve's); the managed API keeps its own cadence, so sent only when set.
+        "optimizer_save_interval": config.optimizer_save_interval
+        if config.optimizer_save_interval != 1
+        else None,
+        "final_training_step": config.final_training_step,
         **dev_config.model_dump(mode="json"),
     }
     return {key: value for key, value in body.items() if value is not None}

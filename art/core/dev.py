@@ -15,6 +15,9 @@ from typing_extensions import TypedDict
 
 from .config_errors import ConfigModel
 
+RolloutWeightUpdateMode = Literal["step_lora", "in_flight_lora"]
+"""ART 0.5.23's `InternalModelConfig.rollout_weight_update_mode` values ('step_lora' here)."""
+
 
 class _Config(ConfigModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -135,7 +138,13 @@ class TrainConfig(_OptimizerStep):
 
 
 class TrainSFTConfig(_OptimizerStep):
-    """Experimental settings of `model.train_sft(..., _config=...)` (ART's has none yet)."""
+    """Experimental settings of `model.train_sft(..., _config=...)`."""
+
+    assistant_turns: Literal["all", "last"] = Field(
+        default="all",
+        description="Which assistant turns the loss trains; `model.train_sft` sets it from "
+        "`art.TrainSFTConfig.assistant_turns`.",
+    )
 
 
 class InitArgs(_Config):
@@ -266,6 +275,25 @@ class InternalModelConfig(_Config):
         "engine picks (engine_args.merge_lora's rule).",
     )
 
+    rollout_weight_update_mode: RolloutWeightUpdateMode | None = Field(
+        default=None,
+        description="How a new checkpoint reaches rollouts (ART 0.5.23's key): 'step_lora' "
+        "serves each step as its own adapter, requests in flight finishing on the one they "
+        "started with, which is what this version does; 'in_flight_lora' is refused. None: "
+        "'step_lora'.",
+    )
+
+    @field_validator("rollout_weight_update_mode")
+    @classmethod
+    def _no_in_flight_updates(cls, value: str | None) -> str | None:
+        if value == "in_flight_lora":
+            raise ValueError(
+                "'in_flight_lora' (one adapter updated in place under running requests, with "
+                "token-level policy spans) is not built here; use 'step_lora' (each step "
+                "served as its own adapter) or leave it unset"
+            )
+        return value
+
     @field_validator("init_args", "engine_args", "peft_args", "trainer_args", mode="before")
     @classmethod
     def _none_is_default(cls, value: Any) -> Any:
@@ -291,6 +319,114 @@ class InternalModelConfig(_Config):
                 "separate GPUs for training and inference"
             )
         return self
+
+
+class LoRAConfig(TypedDict, total=False):
+    """ART 0.5.23's adapter settings, `TrainableModel(lora_config=...)` (a dict).
+
+    Read into `InternalModelConfig` by `with_lora_config`: rank, alpha, dropout and
+    target_modules are `peft_args`; max_seq_length is `init_args.max_seq_length`;
+    random_state is `trainer_args.seed`; use_gradient_checkpointing (True, False or
+    "unsloth") is `trainer_args.gradient_checkpointing`. bias, layers_to_transform,
+    layers_pattern, use_rslora, modules_to_save, init_weights and loftq_config are taken
+    at PEFT's defaults only, and temporary_location (Unsloth's scratch directory) not at
+    all: another value is refused by name.
+    """
+
+    rank: int
+    target_modules: list[str]
+    alpha: int
+    dropout: float
+    bias: str
+    layers_to_transform: list[int] | None
+    layers_pattern: str | None
+    use_gradient_checkpointing: str
+    random_state: int
+    max_seq_length: int
+    use_rslora: bool
+    modules_to_save: list[str] | None
+    init_weights: bool
+    loftq_config: dict[str, Any]
+    temporary_location: str
+
+
+# LoRAConfig keys that are one of our settings: (section of InternalModelConfig, field).
+_LORA_KEYS: dict[str, tuple[str, str]] = {
+    "rank": ("peft_args", "r"),
+    "alpha": ("peft_args", "lora_alpha"),
+    "dropout": ("peft_args", "lora_dropout"),
+    "target_modules": ("peft_args", "target_modules"),
+    "max_seq_length": ("init_args", "max_seq_length"),
+    "random_state": ("trainer_args", "seed"),
+    "use_gradient_checkpointing": ("trainer_args", "gradient_checkpointing"),
+}
+# LoRAConfig keys taken only at PEFT's default, which is what our adapters are.
+_LORA_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "bias": (("none",), "LoRA bias terms are not trained here"),
+    "layers_to_transform": ((None,), "every layer of target_modules gets an adapter here"),
+    "layers_pattern": ((None,), "every layer of target_modules gets an adapter here"),
+    "use_rslora": ((False,), "rank-stabilised LoRA scaling is not built here"),
+    "modules_to_save": ((None, []), "only the LoRA adapter is trained and saved here"),
+    "init_weights": ((True,), "adapters start from PEFT's default initialisation here"),
+    "loftq_config": ((None, {}), "LoftQ initialisation is not built here"),
+}
+
+
+def with_lora_config(
+    config: InternalModelConfig, lora_config: Mapping[str, Any]
+) -> InternalModelConfig:
+    """`config` with ART 0.5.23's `lora_config` read into it (see `LoRAConfig`).
+
+    A key that names a setting `config` already sets to another value, a key at a value
+    this version does not build, and an unknown key are each a `ConfigError` naming it.
+    """
+    from .errors import ConfigError
+
+    updates: dict[str, dict[str, Any]] = {}
+    for key, value in lora_config.items():
+        where = f"lora_config[{key!r}]"
+        if key in _LORA_DEFAULTS:
+            allowed, why = _LORA_DEFAULTS[key]
+            if value not in allowed:
+                raise ConfigError(where, f"is {value!r}: {why}", f"Remove {key!r}")
+            continue
+        if key == "temporary_location":
+            raise ConfigError(
+                where, "is Unsloth's scratch directory, which nothing here writes", "Remove it"
+            )
+        if key not in _LORA_KEYS:
+            raise ConfigError(
+                where,
+                "is not a key of art.dev.LoRAConfig",
+                f"Use {', '.join(LoRAConfig.__annotations__)}",
+            )
+        section, field = _LORA_KEYS[key]
+        if key == "use_gradient_checkpointing":
+            if value not in (True, False, "unsloth"):
+                raise ConfigError(
+                    where, f"is {value!r}", "Use True, False or 'unsloth' (which is True here)"
+                )
+            value = value is not False
+        current: _Config = getattr(config, section)
+        if field in current.model_fields_set and getattr(current, field) != _as_field(value):
+            raise ConfigError(
+                where,
+                f"is {value!r}, but _internal_config.{section}.{field} is "
+                f"{getattr(current, field)!r}",
+                "Set it in one place",
+            )
+        updates.setdefault(section, {})[field] = value
+    data = config.model_dump(exclude_unset=True)
+    for section, fields in updates.items():
+        data[section] = data.get(section, {}) | fields
+    try:
+        return InternalModelConfig(**data)
+    except ConfigError as error:  # a value out of range, say: named as the user gave it
+        raise ConfigError(f"lora_config ({error.field})", error.problem, error.fix) from None
+
+
+def _as_field(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 class ServerArgs(TypedDict, total=False):
@@ -363,12 +499,15 @@ __all__ = [
     "EngineArgs",
     "InitArgs",
     "InternalModelConfig",
+    "LoRAConfig",
     "OpenAIServerConfig",
     "PeftArgs",
+    "RolloutWeightUpdateMode",
     "ServerArgs",
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
     "is_dedicated_mode",
     "validate_dedicated_config",
+    "with_lora_config",
 ]

@@ -11,6 +11,19 @@
     ├── RolloutError                             a rollout that failed in a way `art` itself detected
     ├── JudgeError                               an LLM judge (RULER) that answered unusably
     ├── BackendError                             a backend that failed or cannot be reached
+    │   ├── LocalServingUnavailableError          (also a RuntimeError) a model's own endpoint
+    │   │                                        went away mid-run: training must stop
+    │   ├── ArtVllmMetricsTimeoutError            (also a TimeoutError) a vLLM engine's
+    │   │                                        metrics did not answer in time
+    │   ├── S3Error                               an S3 request failed (`bucket`, `key`,
+    │   │   │                                    `code`; art.core.s3, ART's art.utils.s3)
+    │   │   ├── S3SyncError                       (also a RuntimeError) a transfer or listing
+    │   │   └── ForbiddenBucketCreationError      a missing bucket that could not be created
+    │   └── DeploymentError                       a LoRA deployment to an inference provider
+    │       │                                    failed (`status_code`; ART's names)
+    │       ├── UnsupportedLoRADeploymentProviderError
+    │       ├── UnsupportedBaseModelDeploymentError
+    │       └── LoRADeploymentTimedOutError
     ├── TrainingError                            a training step that failed (`step`: the step it was making)
     ├── StorageError                             a file or directory that could not be written
     │                                            (`path`; a full disk: `free_bytes`, `needed_bytes`)
@@ -157,3 +170,44 @@ def _storage_error(
     message: str, path: str, free_bytes: int, needed_bytes: int | None
 ) -> StorageError:
     return StorageError(message, path=path, free_bytes=free_bytes, needed_bytes=needed_bytes)
+
+
+class LocalServingUnavailableError(BackendError, RuntimeError):
+    """The inference endpoint a backend runs for a trainable model cannot be reached any
+    more, so rollouts would all fail: training must stop rather than count them as
+    failed rollouts (ART 0.5.23's name)."""
+
+
+class ArtVllmMetricsTimeoutError(BackendError, TimeoutError):
+    """A vLLM engine's metrics endpoint did not answer within the scrape timeout (ART
+    0.5.23's name)."""
+
+
+class DeploymentError(BackendError):
+    """Deploying a LoRA checkpoint to an inference provider failed; `status_code` is the
+    HTTP status ART gives the case. ART's `art.utils.deploy_model` raises these; here
+    that call is not built, and the names exist for code that catches them."""
+
+    status_code = 500
+
+    def __init__(self, message: str) -> None:
+        self.detail = message
+        super().__init__(message)
+
+
+class UnsupportedLoRADeploymentProviderError(DeploymentError):
+    """The provider does not serve LoRA adapters."""
+
+    status_code = 400
+
+
+class UnsupportedBaseModelDeploymentError(DeploymentError):
+    """The provider does not serve LoRA adapters of this base model."""
+
+    status_code = 400
+
+
+class LoRADeploymentTimedOutError(DeploymentError):
+    """The provider did not finish deploying the adapter in time."""
+
+    status_code = 504

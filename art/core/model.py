@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -21,7 +23,8 @@ from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
 from .log_checks import check_metrics, check_split
-from .metrics import group_metrics
+from .metrics import group_costs, group_metrics
+from .metrics_builder import MetricsBuilder
 from .protocol_backend import ProtocolBackend
 from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
@@ -29,6 +32,8 @@ from .types import TrainConfig, TrainSFTConfig
 from .validation import coerce_groups
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
     from openai import AsyncOpenAI
 
 # Names become directory names, and '@' separates a model from a step in inference names.
@@ -57,11 +62,19 @@ class Model(ConfigModel):
     # ART's switch for metrics services: None sends them to W&B when WANDB_API_KEY is set,
     # ["wandb"] always (WANDB_MODE=offline keeps a local run), [] never.
     report_metrics: list[str] | None = None
+    # ART's: where this model's own logs go while no backend stores them (an unregistered
+    # model's `log`, a backend of ART's protocol): `<base_path>/<project>/models/<name>/`.
+    base_path: str = ".art"
 
     _backend: Backend | None = PrivateAttr(default=None)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
     _step_separator: str = PrivateAttr(default="@")
     _http_transport: Any = PrivateAttr(default=None)  # the backend's, for the OpenAI client
+    _wandb_config: dict[str, Any] = PrivateAttr(default_factory=dict)  # update_wandb_config's
+    # The step's costs and builder metrics, flushed into the next history row of a split.
+    _metrics_builder: MetricsBuilder = PrivateAttr(
+        default_factory=lambda: MetricsBuilder(cost_context="train")
+    )
 
     @field_validator("name", "project")
     @classmethod
@@ -98,7 +111,7 @@ class Model(ConfigModel):
         if isinstance(backend, Backend):
             driven = backend
         else:  # a backend of ART's protocol (a third party's), driven by its methods
-            driven = ProtocolBackend(backend, self, server_config)
+            driven = ProtocolBackend(backend, self, server_config, path=self.base_path)
         try:
             json.dumps(self.config)
         except (TypeError, ValueError) as error:
@@ -191,11 +204,14 @@ class Model(ConfigModel):
         return {self.get_inference_name(), self.name}
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
-        """Keyword arguments for `litellm.acompletion` that reach this model."""
+        """Keyword arguments for `litellm.acompletion` that reach this model.
+
+        A trainable model's name is given to LiteLLM's `hosted_vllm` provider, as ART
+        does: our endpoint speaks vLLM's OpenAI API, and LiteLLM sends it the name as is.
+        """
         name = self.get_inference_name(step)
         params: dict[str, Any] = {
-            # The endpoint speaks the OpenAI API, so LiteLLM's openai provider reaches it.
-            "model": f"openai/{name}" if self.trainable else name,
+            "model": f"hosted_vllm/{name}" if self.trainable else name,
             "base_url": self.inference_base_url,
             "api_key": self.inference_api_key,
         }
@@ -225,9 +241,10 @@ class Model(ConfigModel):
 
         The Parquet file of the step holds every message, tool call, reward and metric;
         `history.jsonl` gets one row of `split/`-prefixed averages, `exception_rate`
-        included.
+        included. A model with no backend registered writes them under `base_path`, as
+        ART does (a trainable one then needs `step=`).
         """
-        backend = self._registered_backend("log trajectories")
+        backend = self._log_backend()
         split = check_split(split)
         groups = [] if trajectories is None else coerce_groups(trajectories, "trajectories")
         if not groups and not metrics:
@@ -236,8 +253,15 @@ class Model(ConfigModel):
             )
         check_metrics(metrics or {})
         row = group_metrics(groups) if groups else {}
+        costs = group_costs(groups)
         for key, value in (metrics or {}).items():
-            row[key] = value
+            if key.startswith("costs/"):  # summed by the builder, as ART's model.log does
+                costs[key] = costs.get(key, 0.0) + float(value)
+            else:
+                row[key] = value
+        builder = self._metrics_builder_for_split(split)
+        for key, value in costs.items():
+            builder.add_cost(key.removeprefix("costs/"), value)
         step = await self.get_step() if step is None else step
         await record(
             backend,
@@ -247,6 +271,33 @@ class Model(ConfigModel):
             step,
             {f"{split}/{key}": value for key, value in row.items()},
         )
+
+    def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
+        """This model's `MetricsBuilder` (`art.metrics`), or its view for `cost_context`.
+
+        What it holds is flushed into the model's next `history.jsonl` row of the
+        matching split: the `train` context at `log(split="train")` and `train`, `eval`
+        at the `val` and `test` splits, any other context at the split of its name.
+        """
+        if cost_context is None:
+            return self._metrics_builder
+        return self._metrics_builder.for_cost_context(cost_context)
+
+    def activate_metrics_context(self, cost_context: str) -> Token[MetricsBuilder]:
+        """Record API costs (RULER's judge, AutoRL's generator, `track_api_cost`
+        functions) into this model's builder under `cost_context` ("train", "eval"), in
+        the current context; `token.var.reset(token)` ends it."""
+        return self.metrics_builder(cost_context).activate()
+
+    def _metrics_builder_for_split(self, split: str) -> MetricsBuilder:
+        # ART's mapping: the validation and test splits share the `eval` context.
+        context = "eval" if split in ("val", "test") else split
+        return self._metrics_builder.for_cost_context(context, buffer_scope=context)
+
+    async def _flush_step_metrics(self, split: str) -> dict[str, float]:
+        """The builder's metrics for `split`'s next history row (costs and their
+        running totals under ART's `costs/...` names), emptied for the next step."""
+        return await self._metrics_builder_for_split(split).flush()
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward"
@@ -261,10 +312,57 @@ class Model(ConfigModel):
         backend = self._registered_backend("delete checkpoints")
         return await backend.delete_checkpoints(self, best_checkpoint_metric=best_checkpoint_metric)
 
+    def update_wandb_config(self, config: dict[str, Any]) -> None:
+        """Merge `config` into the config of this model's W&B run (ART 0.5.23's call).
+
+        Before the run starts it is kept and given to the run when it does; after, the
+        run's config is updated. As in ART a value once set may not change: nested dicts
+        merge, and a key given another value raises `ConfigError` naming its path.
+        """
+        if not isinstance(config, dict):
+            raise ConfigError(
+                "config", f"expected a dict, got {type(config).__name__}", "Pass a dict"
+            )
+        try:
+            json.dumps(config)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(
+                "config", f"cannot be stored as JSON ({error})", "Use plain values"
+            ) from error
+        self._wandb_config = _merge_unchanged(self._wandb_config, config, "config")
+        observe.wandb_config_updated(self)
+
+    def _log_backend(self) -> Backend:
+        """The registered backend, or for a model with none (ART's frontend logging) the
+        store under `base_path`."""
+        if self._backend is not None:
+            return self._backend
+        from .local_log import StoreLog
+
+        return cast(Backend, StoreLog(self.base_path))
+
     def _registered_backend(self, action: str) -> Backend:
         if self._backend is None:
             raise ModelNotRegisteredError(self.name, action)
         return self._backend
+
+
+def _merge_unchanged(old: dict[str, Any], new: dict[str, Any], path: str) -> dict[str, Any]:
+    """`old` with `new`'s keys added: dicts merged key by key, a value set differently refused."""
+    merged = dict(old)
+    for key, value in new.items():
+        where = f"{path}[{key!r}]"
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = _merge_unchanged(merged[key], value, where)
+        elif merged[key] != value:
+            raise ConfigError(
+                where,
+                f"is {value!r}, but the W&B config already holds {merged[key]!r}",
+                "A W&B run's config does not change once set (as in ART): give a new key",
+            )
+    return merged
 
 
 class TrainableModel(Model):
@@ -276,6 +374,12 @@ class TrainableModel(Model):
 
     trainable: bool = True
     base_model: str
+    # ART 0.5.23's: the run's durable name (its checkpoints, its W&B run), with `name` the
+    # name it is served under. Here both are `name`: None takes it, another is refused.
+    run_name: str | None = Field(default=None, validate_default=True)
+    # ART 0.5.23's adapter settings (`art.dev.LoRAConfig`), read into _internal_config by
+    # `dev.with_lora_config`, which names an unknown key with the keys there are.
+    lora_config: dict[str, Any] | None = None
 
     _internal_config: dev.InternalModelConfig = PrivateAttr(default_factory=dev.InternalModelConfig)
     # When the previous training step ended: the time since is this step's rollout time.
@@ -317,6 +421,20 @@ class TrainableModel(Model):
                     "Build it as art.dev.InternalModelConfig(...)",
                 )
             self._internal_config = _internal_config
+        if self.lora_config is not None:
+            self._internal_config = dev.with_lora_config(self._internal_config, self.lora_config)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_is_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        name = info.data.get("name")
+        if value is None or value == name:
+            return name
+        raise ValueError(
+            f"{value!r} differs from name {name!r}: this version stores, serves and reports "
+            "a model under one name (ART 0.5.23 stores under run_name and serves under name); "
+            f"give run_name={name!r}, or leave it out"
+        )
 
     @model_validator(mode="wrap")
     @classmethod
@@ -324,7 +442,8 @@ class TrainableModel(Model):
         # `TrainableModel.model_validate(model.model_dump())` keeps what the dump holds:
         # pydantic would drop the underscored key, and the model's config with it.
         internal = None
-        if isinstance(data, dict) and "_internal_config" in data:
+        from_dump = isinstance(data, dict) and "_internal_config" in data
+        if from_dump:
             data = dict(data)
             internal = data.pop("_internal_config")
         model = handler(data)
@@ -334,6 +453,8 @@ class TrainableModel(Model):
                 if isinstance(internal, dev.InternalModelConfig)
                 else dev.InternalModelConfig(**internal)
             )
+        if from_dump and model.lora_config is not None:  # (__init__ reads it itself)
+            model._internal_config = dev.with_lora_config(model._internal_config, model.lora_config)
         return model
 
     @field_validator("base_model")
@@ -401,6 +522,7 @@ class TrainableModel(Model):
         config: TrainSFTConfig | None = None,
         _config: dev.TrainSFTConfig | dict[str, Any] | None = None,
         verbose: bool = False,
+        log_metrics: bool = True,
     ) -> None:
         """Supervised fine-tuning on the assistant turns of `trajectories` (ART's call).
 
@@ -410,11 +532,20 @@ class TrainableModel(Model):
         trajectory is checked before any step runs (`SFTDataError` names each bad one).
         The same LoRA adapter RL trains is trained, saved as checkpoint `step + 1` and
         served at once, so `model.train` continues from it. `history.jsonl` gets one
-        `train_sft/` row per batch (loss, tokens, learning_rate, seconds). The
+        `train_sft/` row per batch (loss, tokens, learning_rate, seconds), none with
+        `log_metrics=False`. `config.assistant_turns="last"` trains only each
+        trajectory's final message (the assistant's), the turns before it context. The
         trajectories are read once, as they come: a generator need not fit in memory.
         """
         examples = ((f"trajectories[{i}]", t) for i, t in enumerate(trajectories))
-        await run_sft(self, examples, config=config, dev_config=_config, verbose=verbose)
+        await run_sft(
+            self,
+            examples,
+            config=config,
+            dev_config=_config,
+            verbose=verbose,
+            log_metrics=log_metrics,
+        )
 
 
 __all__ = ["Model", "TrainableModel"]

@@ -86,6 +86,13 @@ def history_row(model: Model, step: int, metrics: Mapping[str, float]) -> None:
         _plugin().report_history(model, step, dict(metrics))
 
 
+def wandb_config_updated(model: Model) -> None:
+    """Send the model's W&B config (`update_wandb_config`) to its run, if one is open;
+    a run opened later starts with it. Never raises for W&B."""
+    if wandb_wanted(model):
+        _plugin().update_wandb_config(model)
+
+
 @contextmanager
 def rollout_scope(name: str = "rollout") -> Iterator[RolloutTrace | None]:
     """A trace named `name` around one rollout of a gather (Langfuse), or None when off."""

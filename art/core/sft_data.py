@@ -17,12 +17,13 @@ import random
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import ValidationError
 
 from .errors import ArtValueError
 from .trajectories import Trajectory, messages_of
+from .types import TrainSFTConfig
 
 ScheduleType = Literal["cosine", "linear", "constant"]
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -216,13 +217,15 @@ def iterate_file(
     shuffle_buffer_size: int = 10_000,
     initial_skip: int = 0,
     label: str | None = None,
+    seed: int = 42,
 ) -> Iterator[tuple[str, Trajectory]]:
     """The file's examples, each with its `file:line`, `epochs` times, shuffled within a
-    buffer of `shuffle_buffer_size` (seeded per epoch, so a resumed run sees the same
-    order), the first `initial_skip` left out. Check the file first (`check_file`)."""
+    buffer of `shuffle_buffer_size` (epoch k seeded with `seed + k`, as in ART, so a
+    resumed run sees the same order), the first `initial_skip` left out. Check the file
+    first (`check_file`)."""
     skipped = 0
     for epoch in range(epochs):
-        rng = random.Random(42 + epoch)
+        rng = random.Random(seed + epoch)
         for item in _buffer_shuffled(read_file(path, label), shuffle_buffer_size, rng):
             if skipped < initial_skip:
                 skipped += 1
@@ -338,15 +341,117 @@ def create_lr_schedule(
     return rates
 
 
+def get_file_row_count(file_path: str | Path) -> int:
+    """The number of non-blank lines of a JSONL file: its examples (ART's helper; unlike
+    `check_file` it reads no line's JSON)."""
+    with Path(file_path).open("rb") as file:
+        return sum(1 for line in file if line.strip())
+
+
+def resolve_sft_batch_size(*, batch_size: int | Literal["auto"], default_batch_size: int) -> int:
+    """`batch_size`, with "auto" taken as `default_batch_size` (ART's helper)."""
+    return default_batch_size if batch_size == "auto" else batch_size
+
+
+class SFTChunk(NamedTuple):
+    """One `model.train_sft` call's share of a dataset (`create_sft_dataset_iterator`):
+    its trajectories, a config holding their batches' learning rates, the global batch
+    index of its first batch (`step`), its epoch, and that batch's index in the epoch."""
+
+    trajectories: list[Trajectory]
+    config: TrainSFTConfig
+    step: int
+    epoch: int
+    epoch_step: int
+
+
+def create_sft_dataset_iterator(
+    trajectories: Sequence[Trajectory],
+    chunk_size: int = 10,
+    epochs: int = 1,
+    batch_size: int = 2,
+    peak_lr: float = 2e-4,
+    schedule_type: ScheduleType = "linear",
+    warmup_ratio: float = 0.1,
+    shuffle: bool = True,
+    seed: int = 42,
+    initial_step: int = 0,
+    show_progress: bool = True,
+) -> Iterator[SFTChunk]:
+    """`trajectories` cut into chunks of `chunk_size` batches, one `model.train_sft` call
+    each (ART's `art.utils.sft` helper, its defaults).
+
+    The learning-rate schedule is made over every batch of every epoch
+    (`create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))`), so
+    warm-up and decay run across the chunks; each chunk's config holds its batches'
+    rates. Each epoch is shuffled with `random.Random(seed + epoch)` (or not, with
+    `shuffle=False`); `initial_step`, a global batch index, resumes at the chunk holding
+    it. `show_progress` shows a tqdm bar counted in batches.
+    """
+    checks: list[tuple[str, float, bool, str]] = [
+        ("chunk_size", chunk_size, chunk_size >= 1, "Use 1 or more"),
+        ("epochs", epochs, epochs >= 1, "Use 1 or more"),
+        ("batch_size", batch_size, batch_size >= 1, "Use 1 or more"),
+        ("peak_lr", peak_lr, peak_lr > 0, "Use a positive learning rate"),
+        ("warmup_ratio", warmup_ratio, 0 <= warmup_ratio <= 1, "Use 0.0 to 1.0"),
+        ("initial_step", initial_step, initial_step >= 0, "Use 0 or more"),
+    ]
+    for field, value, ok, fix in checks:
+        if not ok:
+            raise ArtValueError(field, f"is {value!r}", fix)
+    items = list(trajectories)
+    if not items:
+        return
+    batches_per_epoch = math.ceil(len(items) / batch_size)
+    total = batches_per_epoch * epochs
+    schedule = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
+    per_chunk = batch_size * chunk_size
+    chunks_per_epoch = math.ceil(len(items) / per_chunk)
+    first_chunk = initial_step // chunk_size
+    from tqdm.auto import tqdm
+
+    progress = tqdm(
+        initial=min(first_chunk * chunk_size, total),
+        total=total,
+        desc="sft",
+        unit="batch",
+        disable=not show_progress,
+    )
+    try:
+        for epoch in range(epochs):
+            order = list(items)
+            if shuffle:
+                random.Random(seed + epoch).shuffle(order)
+            for chunk in range(chunks_per_epoch):
+                if epoch * chunks_per_epoch + chunk < first_chunk:
+                    continue
+                start = chunk * per_chunk
+                part = order[start : start + per_chunk]
+                epoch_step = start // batch_size
+                step = epoch * batches_per_epoch + epoch_step
+                batches = math.ceil(len(part) / batch_size)
+                config = TrainSFTConfig(
+                    learning_rate=schedule[step : step + batches], batch_size=batch_size
+                )
+                yield SFTChunk(part, config, step, epoch, epoch_step)
+                progress.update(batches)
+    finally:
+        progress.close()
+
+
 __all__ = [
+    "SFTChunk",
     "SFTDataError",
     "check_file",
     "conversation_problems",
     "create_lr_schedule",
+    "create_sft_dataset_iterator",
+    "get_file_row_count",
     "iterate_file",
     "parse_line",
     "read_file",
     "read_spool",
+    "resolve_sft_batch_size",
     "spool_examples",
     "trajectory_problems",
 ]

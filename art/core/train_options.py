@@ -26,6 +26,8 @@ trained or written. What each keyword does:
 - kl_penalty_reference_step, kl_ref_adapter_path: the KL reference is one of the model's
   own checkpoints (the backend resolves the step to its directory), or an adapter
   directory, instead of the base model; either needs kl_penalty_coef > 0.
+- kl_penalty_source, optimizer_save_interval, final_training_step,
+  grad_accumulation_sequences (ART 0.5.23's): `TrainConfig`'s fields of those names.
 - allow_training_without_logprobs: also train assistant turns given as plain messages.
 - advantage_balance: in [-1, 1]; above 0 negative advantages are multiplied by
   1 - balance, below 0 positive ones by 1 + balance (ART's).
@@ -127,6 +129,7 @@ class LocalTrainKeywords(TypedDict, total=False):
     kl_penalty_coef: float
     kl_penalty_reference_step: int | None
     kl_ref_adapter_path: str | None
+    kl_penalty_source: Literal["current_learner", "sample"]
     epsilon: float | None
     epsilon_high: float | None
     advantage_balance: float
@@ -144,6 +147,9 @@ class LocalTrainKeywords(TypedDict, total=False):
     packed_sequence_length: int | None
     num_trajectories_learning_rate_multiplier_power: float
     save_checkpoint: bool
+    optimizer_save_interval: int
+    final_training_step: int | None
+    grad_accumulation_sequences: int | None
     verbose: bool
 
 
@@ -157,6 +163,7 @@ def local_train_options(
     kl_penalty_coef: float = 0.0,
     kl_penalty_reference_step: int | None = None,
     kl_ref_adapter_path: str | None = None,
+    kl_penalty_source: Literal["current_learner", "sample"] = "current_learner",
     epsilon: float | None = None,
     epsilon_high: float | None = None,
     advantage_balance: float = 0.0,
@@ -174,6 +181,9 @@ def local_train_options(
     packed_sequence_length: int | None = None,
     num_trajectories_learning_rate_multiplier_power: float = 0.0,
     save_checkpoint: bool = True,
+    optimizer_save_interval: int = 1,
+    final_training_step: int | None = None,
+    grad_accumulation_sequences: int | None = None,
     verbose: bool = False,
 ) -> TrainOptions:
     """ART's `LocalBackend.train` keywords as our configs; a `ConfigError` naming any
@@ -209,7 +219,14 @@ def local_train_options(
     _check_bool("save_checkpoint", save_checkpoint)
     _check_bool("verbose", verbose)
     return TrainOptions(
-        config=TrainConfig(learning_rate=learning_rate, kl_penalty_coef=kl_penalty_coef),
+        config=TrainConfig(
+            learning_rate=learning_rate,
+            kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_source=kl_penalty_source,
+            optimizer_save_interval=optimizer_save_interval,
+            final_training_step=final_training_step,
+            grad_accumulation_sequences=grad_accumulation_sequences,
+        ),
         dev_config=_dev_config(
             ppo=loss_fn == "ppo",
             epsilon=epsilon,

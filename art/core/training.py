@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import dev, observe
 from .errors import ConfigError, TrainingError
-from .metrics import group_metrics
+from .metrics import group_costs, group_metrics
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
 from .validation import check_trainable, coerce_groups
@@ -74,6 +74,9 @@ async def run_step(
     if log:
         # The store keeps one copy of each trajectory, so a retried step does not log it twice.
         await backend.log(model, groups, split="train", step=step, metrics={})
+        builder = model._metrics_builder_for_split("train")
+        for key, value in group_costs(groups).items():
+            builder.add_cost(key.removeprefix("costs/"), value)
     started = time.monotonic()
     try:
         trainer_metrics = await backend.train_step(
@@ -111,19 +114,24 @@ async def run_sft(
     config: TrainSFTConfig | None = None,
     dev_config: dev.TrainSFTConfig | dict[str, Any] | None = None,
     verbose: bool = False,
+    log_metrics: bool = True,
 ) -> None:
     """Supervised fine-tuning of `model` on `examples` (each `(where, trajectory)`, read
-    once) through its backend's `train_sft`; one `train_sft/` history row per batch."""
+    once) through its backend's `train_sft`; one `train_sft/` history row per batch, or
+    none with `log_metrics=False` (ART 0.5.23's switch)."""
     backend = model._registered_backend("train_sft")
     if isinstance(dev_config, dict):  # ART's dev.TrainSFTConfig is a dict
         dev_config = dev.TrainSFTConfig(**dev_config)
+    config = config or TrainSFTConfig()
     rows = await backend.train_sft(
         model,
         examples,
-        config=config or TrainSFTConfig(),
-        dev_config=dev_config or dev.TrainSFTConfig(),
+        config=config,
+        dev_config=_with_assistant_turns(config, dev_config or dev.TrainSFTConfig()),
         verbose=verbose,
     )
+    if not log_metrics:
+        return
     step = await backend.get_step(model)
     for row in rows:
         await record(
@@ -139,9 +147,33 @@ async def record(
     step: int,
     metrics: dict[str, float],
 ) -> None:
-    """Store groups and a history row, then send the row to W&B where that is on."""
+    """Store groups and a history row, then send the row to W&B where that is on.
+
+    The row takes what the model's `MetricsBuilder` holds for `split` (the step's
+    `costs/...` and their running totals), which starts the next step empty.
+    """
+    metrics = metrics | await model._flush_step_metrics(split)
     await backend.log(model, groups, split=split, step=step, metrics=metrics)
     observe.history_row(model, step, metrics)
+
+
+def _with_assistant_turns(
+    config: TrainSFTConfig, dev_config: dev.TrainSFTConfig
+) -> dev.TrainSFTConfig:
+    """`dev_config` with `TrainSFTConfig.assistant_turns` in it, which the trainers read;
+    the two set to different values is refused."""
+    if "assistant_turns" in dev_config.model_fields_set:
+        if dev_config.assistant_turns != config.assistant_turns:
+            raise ConfigError(
+                "config.assistant_turns",
+                f"is {config.assistant_turns!r}, and _config.assistant_turns is "
+                f"{dev_config.assistant_turns!r}",
+                "Set it on art.TrainSFTConfig only",
+            )
+        return dev_config
+    if config.assistant_turns == "all":  # the default: nothing to add
+        return dev_config
+    return dev_config.model_copy(update={"assistant_turns": config.assistant_turns})
 
 
 def _with_accumulation(config: TrainConfig, dev_config: dev.TrainConfig) -> dev.TrainConfig:

@@ -28,6 +28,8 @@ Tool: TypeAlias = ChatCompletionToolParam
 """A tool schema as the OpenAI client takes it (`{"type": "function", "function": {...}}`)."""
 Tools: TypeAlias = list[Tool]
 """The tools the model was offered in a rollout."""
+Verbosity: TypeAlias = Literal[0, 1, 2]
+"""How much a training call prints: ART's `verbose` levels (0 quiet)."""
 
 
 class TrainConfig(ConfigModel):
@@ -54,6 +56,36 @@ class TrainConfig(ConfigModel):
         description="ART's name for `art.dev.TrainConfig.gradient_accumulation_sequences`: "
         "most sequences in one forward/backward pass; None: as many as the memory plan fits.",
     )
+    kl_penalty_source: Literal["current_learner", "sample"] = Field(
+        default="current_learner",
+        description="Whose log-probabilities the kl_penalty_coef advantage compares with the "
+        "base model's (ART 0.5.23's): the policy being trained, or the sampler's (the "
+        "tokens' logprobs as the rollout drew them).",
+    )
+    optimizer_save_interval: int = Field(
+        default=1,
+        ge=1,
+        description="Keep the optimizer state (`optimizer.pt`) in every Nth checkpoint, and "
+        "in checkpoints 1 and final_training_step onwards (ART 0.5.23's rule); the others "
+        "hold the adapter only, and a run resumed from one starts AdamW's moments afresh. "
+        "1 (ours; ART's default is 5): in every checkpoint.",
+    )
+    final_training_step: int | None = Field(
+        default=None,
+        ge=1,
+        description="The run's last step (ART 0.5.23's): from it on every checkpoint keeps "
+        "the optimizer state, whatever optimizer_save_interval says. None: not known.",
+    )
+
+    def keeps_optimizer_state(self, step: int) -> bool:
+        """Whether checkpoint `step` keeps the optimizer state (optimizer_save_interval)."""
+        interval, final = self.optimizer_save_interval, self.final_training_step
+        return (
+            interval == 1
+            or step <= 1
+            or step % interval == 0
+            or (final is not None and step >= final)
+        )
 
 
 class TrainSFTConfig(ConfigModel):
@@ -71,6 +103,12 @@ class TrainSFTConfig(ConfigModel):
     )
     batch_size: int | Literal["auto"] = Field(
         default="auto", description="Trajectories per optimizer step; 'auto' is 2."
+    )
+    assistant_turns: Literal["all", "last"] = Field(
+        default="all",
+        description="Which assistant turns the loss trains (ART 0.5.23's): every one, or "
+        "only the final message, which must then be the assistant's (the earlier turns "
+        "are context).",
     )
 
     @field_validator("learning_rate")
@@ -132,4 +170,5 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainSFTConfig",
+    "Verbosity",
 ]

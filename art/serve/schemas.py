@@ -81,6 +81,9 @@ class ExperimentalTrainingConfig(_Body):
     # and our dev.TrainConfig fields that ART's LocalBackend.train takes as keywords.
     beta: float | None = None
     kl_penalty_coef: float | None = None
+    kl_penalty_source: Literal["current_learner", "sample"] | None = None  # ART's API has it
+    optimizer_save_interval: int | None = None
+    final_training_step: int | None = None
     max_grad_norm: float | None = None
     gradient_accumulation_sequences: int | None = None
     truncated_importance_sampling: float | None = None
@@ -94,6 +97,9 @@ class ExperimentalTrainingConfig(_Body):
             "learning_rate": self.learning_rate,
             "beta": self.beta,
             "kl_penalty_coef": self.kl_penalty_coef,
+            "kl_penalty_source": self.kl_penalty_source,
+            "optimizer_save_interval": self.optimizer_save_interval,
+            "final_training_step": self.final_training_step,
         }
         rest = {
             name: getattr(self, name)

@@ -3,7 +3,9 @@
     await train_sft_from_file(model, "data/train.jsonl", epochs=3, batch_size=4, peak_lr=2e-4)
 
 The file is checked whole first (every bad line named as `file:line`, nothing trained
-when one is bad), then streamed: a file larger than memory trains.
+when one is bad), then streamed: a file larger than memory trains. For trajectories in
+memory, `create_sft_dataset_iterator` cuts them into `model.train_sft` calls that share
+one learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -11,22 +13,27 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import dev
+from ..core import dev, sft_data
 from ..core.errors import ArtValueError
 from ..core.sft_data import (
     ScheduleType,
+    SFTChunk,
     SFTDataError,
     check_file,
     create_lr_schedule,
-    iterate_file,
+    create_sft_dataset_iterator,
+    get_file_row_count,
+    resolve_sft_batch_size,
 )
 from ..core.training import run_sft
 from ..core.types import TrainSFTConfig
 
 if TYPE_CHECKING:
     from ..core.model import TrainableModel
+    from ..core.trajectories import Trajectory
 
 logger = logging.getLogger("art")
 
@@ -44,6 +51,8 @@ async def train_sft_from_file(
     _config: dev.TrainSFTConfig | dict[str, Any] | None = None,
     verbose: bool = False,
     shuffle_buffer_size: int = 10_000,
+    log_metrics: bool = True,
+    assistant_turns: Literal["all", "last"] = "all",
 ) -> None:
     """Fine-tune `model` on the conversations of a chat JSONL file (ART's call and defaults).
 
@@ -54,7 +63,7 @@ async def train_sft_from_file(
     over all the file's batches; `initial_step` and `final_step` (exclusive) train a
     slice of them, so a long run can be split into calls with evaluations between (each
     call saves one checkpoint). An empty file, or a slice past the end, trains nothing
-    and says so.
+    and says so. `log_metrics` and `assistant_turns` are `model.train_sft`'s.
     """
     _check_arguments(epochs, batch_size, peak_lr, warmup_ratio, initial_step, final_step)
     if shuffle_buffer_size < 1:
@@ -80,7 +89,7 @@ async def train_sft_from_file(
             f"batch_size={batch_size}, {schedule_type} schedule, peak_lr={peak_lr:g}"
         )
     examples = itertools.islice(
-        iterate_file(
+        sft_data.iterate_file(
             file_path,
             epochs=epochs,
             shuffle_buffer_size=shuffle_buffer_size,
@@ -88,8 +97,39 @@ async def train_sft_from_file(
         ),
         len(rates) * batch_size,
     )
-    config = TrainSFTConfig(learning_rate=rates, batch_size=batch_size)
-    await run_sft(model, examples, config=config, dev_config=_config, verbose=verbose)
+    config = TrainSFTConfig(
+        learning_rate=rates, batch_size=batch_size, assistant_turns=assistant_turns
+    )
+    await run_sft(
+        model, examples, config=config, dev_config=_config, verbose=verbose, log_metrics=log_metrics
+    )
+
+
+def iterate_file(
+    file_path: str,
+    epochs: int = 1,
+    shuffle_buffer_size: int = 10_000,
+    seed: int = 42,
+    initial_skip: int = 0,
+) -> Iterator[Trajectory]:
+    """The trajectories of a chat JSONL file, `epochs` times (ART's call and defaults).
+
+    Each epoch is shuffled within a buffer of `shuffle_buffer_size` lines, seeded with
+    `seed + epoch`, so the same seed gives the same order; the first `initial_skip` are
+    left out (to resume). The file is read as it is iterated, never whole; a bad line
+    raises `SFTDataError` naming it as `file:line` (`check_file` names them all first).
+    """
+    if shuffle_buffer_size < 1:
+        raise ArtValueError("shuffle_buffer_size", f"is {shuffle_buffer_size}", "Use 1 or more")
+    examples = sft_data.iterate_file(
+        file_path,
+        epochs=epochs,
+        shuffle_buffer_size=shuffle_buffer_size,
+        initial_skip=initial_skip,
+        seed=seed,
+    )
+    for _, trajectory in examples:
+        yield trajectory
 
 
 def _check_arguments(
@@ -118,4 +158,13 @@ def _check_arguments(
             raise ArtValueError(field, problem, fix)
 
 
-__all__ = ["SFTDataError", "create_lr_schedule", "iterate_file", "train_sft_from_file"]
+__all__ = [
+    "SFTChunk",
+    "SFTDataError",
+    "create_lr_schedule",
+    "create_sft_dataset_iterator",
+    "get_file_row_count",
+    "iterate_file",
+    "resolve_sft_batch_size",
+    "train_sft_from_file",
+]

@@ -308,7 +308,7 @@ async def judge_endpoint(
     model = art.TrainableModel(name="policy", project="ruler", base_model=BASE)
     await model.register(backend)
     params = model.litellm_completion_params()
-    assert params["model"] == "openai/ruler/policy"  # the served name: project/name
+    assert params["model"] == "hosted_vllm/ruler/policy"  # the served name: project/name
     # The judge is the base model, which the same endpoint serves under its own name.
     judge = {
         "base_url": params["base_url"],

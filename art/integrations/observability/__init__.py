@@ -13,7 +13,7 @@ logs one warning on the `art.observability` logger saying what it could not do.
 from __future__ import annotations
 
 from .langfuse_trace import chat_trace, rollout_trace
-from .wandb_run import finish_wandb_runs, report_history
+from .wandb_run import finish_wandb_runs, report_history, update_wandb_config
 from .weave_trace import init_weave, weave_links
 
 __all__ = [
@@ -22,5 +22,6 @@ __all__ = [
     "init_weave",
     "report_history",
     "rollout_trace",
+    "update_wandb_config",
     "weave_links",
 ]

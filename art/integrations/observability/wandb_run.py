@@ -36,6 +36,7 @@ _EXIT_WAIT_SECONDS = 60.0
 _INIT_TIMEOUT_SECONDS = 30.0
 
 _Row = tuple[int, dict[str, float]]
+_Config = dict[str, Any]  # Model.update_wandb_config's, merged into the run's config
 
 
 class ModelRun:
@@ -45,7 +46,7 @@ class ModelRun:
         self.entity, self.project, self.name = entity, project, name
         self.run_id = name
         self.label = f"{project}/{name}"
-        self._rows: queue.SimpleQueue[_Row | None] = queue.SimpleQueue()
+        self._rows: queue.SimpleQueue[_Row | _Config | None] = queue.SimpleQueue()
         self._dead = threading.Event()  # the run could not start or broke: rows are dropped
         self._thread = threading.Thread(target=self._work, name=f"art-wandb-{name}", daemon=True)
         self._thread.start()
@@ -56,6 +57,11 @@ class ModelRun:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self._dead.is_set():
             self._rows.put((step, metrics))
+
+    def update_config(self, config: _Config) -> None:
+        """Merge `config` into the run's config, in order with the rows queued before it."""
+        if not self._dead.is_set():
+            self._rows.put(dict(config))
 
     def finish(self, timeout: float | None = None) -> None:
         """Log the rows queued so far, close the run, and wait up to `timeout` for that."""
@@ -79,8 +85,13 @@ class ModelRun:
         # (last in, first out) and the rows still queued reach the run before it closes.
         atexit.register(self.finish, _EXIT_WAIT_SECONDS)
         while (item := self._rows.get()) is not None:
-            step, metrics = item
             try:
+                if isinstance(item, dict):
+                    # A nested dict grows as keys are added to it (the model refuses a
+                    # changed value), which W&B counts as a change.
+                    run.config.update(item, allow_val_change=True)
+                    continue
+                step, metrics = item
                 run.log({**metrics, "training_step": step})
             except Exception as error:  # W&B broke mid-run: say so, keep training
                 warn_once(
@@ -150,14 +161,26 @@ _runs_lock = threading.Lock()
 
 
 def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
-    """Queue one history row for the model's run (started on the first row)."""
+    """Queue one history row for the model's run (started on the first row, with the
+    model's `update_wandb_config` config)."""
     key = (model.entity, model.project, model.name)
     with _runs_lock:
         run = _runs.get(key)
         if run is None:
             run = _runs[key] = ModelRun(*key)
+            if model._wandb_config:
+                run.update_config(model._wandb_config)
     # JSON has no NaN, so history.jsonl leaves an undefined metric out: so does W&B.
     run.log(step, {k: v for k, v in metrics.items() if not _undefined(v)})
+
+
+def update_wandb_config(model: Model) -> None:
+    """Send the model's config to its run if one is open (else its first row does)."""
+    key = (model.entity, model.project, model.name)
+    with _runs_lock:
+        run = _runs.get(key)
+    if run is not None:
+        run.update_config(model._wandb_config)
 
 
 def finish_wandb_runs(timeout: float | None = None) -> None:
@@ -177,4 +200,4 @@ def _undefined(value: float) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-__all__ = ["ModelRun", "finish_wandb_runs", "report_history"]
+__all__ = ["ModelRun", "finish_wandb_runs", "report_history", "update_wandb_config"]

@@ -41,7 +41,8 @@ def train_sft(
     """Train `trained` on the spooled examples, one step per batch of `batch_size` at
     `learning_rate` (one rate, or one per batch); save and serve the checkpoint; return each batch's metrics."""
     base = trained.base
-    count = check_examples(trained, spool)  # before anything is written, the lock included
+    # Before anything is written, the lock included.
+    count = check_examples(trained, spool, last_turn_only=dev_config.assistant_turns == "last")
     batches = math.ceil(count / batch_size)
     rates = learning_rate if isinstance(learning_rate, list) else [learning_rate] * batches
     if len(rates) != batches:
@@ -92,9 +93,10 @@ def train_sft(
     return rows
 
 
-def check_examples(trained: TrainedModel, spool: Path) -> int:
-    """The number of spooled examples, each rendered and tokenized as training will;
-    `SFTDataError` names every one that cannot train."""
+def check_examples(trained: TrainedModel, spool: Path, *, last_turn_only: bool = False) -> int:
+    """The number of spooled examples, each rendered and tokenized as training will
+    (`last_turn_only`: assistant_turns="last"); `SFTDataError` names every one that cannot
+    train."""
     base = trained.base
     limit = min(trained.config.init_args.max_seq_length, base.context_length)
     problems: list[str] = []
@@ -109,6 +111,7 @@ def check_examples(trained: TrainedModel, spool: Path) -> int:
                 trajectory_index=0,
                 rendering=base.rendering,
                 allow_training_without_logprobs=True,
+                last_turn_only=last_turn_only,
             )
         except TrainingError as error:
             problems.append(f"{where}: {error}")

@@ -14,6 +14,8 @@ backend trained meanwhile) is refused rather than written on a stale lineage.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...core import dev
 from ...core.atomic import replace_dir_atomic
 from ...core.errors import ConfigError
@@ -21,6 +23,8 @@ from ...core.trajectories import TrajectoryGroup
 from ...core.types import TrainConfig
 from ..torch_thread import TorchThread
 from .registry import TrainedModel, on_training_model
+
+OPTIMIZER_FILE = "optimizer.pt"  # the optimizer state in a checkpoint, as the trainers write it
 
 
 def train_step(
@@ -38,7 +42,15 @@ def train_step(
         base.model.set_adapter(trained.adapter)
         metrics: dict[str, float] = trained.trainer.step(groups, config, objective, base.rendering)
         new_step = trained.store.step() + 1
-        replace_dir_atomic(trained.store.checkpoint_dir(new_step), trained.save)
+
+        def save(directory: Path) -> None:
+            trained.save(directory)
+            # TrainConfig.optimizer_save_interval: the trainers always write the state;
+            # a checkpoint that is not to keep it drops it before it is published.
+            if not config.keeps_optimizer_state(new_step):
+                (directory / OPTIMIZER_FILE).unlink(missing_ok=True)
+
+        replace_dir_atomic(trained.store.checkpoint_dir(new_step), save)
         return metrics, new_step
 
     metrics, new_step = on_training_model(base, step, torch_thread)

@@ -34,6 +34,8 @@ class LossConfig:
     mask_ratio: bool = False  # ART's mask_prob_ratio: no gradient outside the clip range
     kimi_k2_tau: float | None = None
     kl_penalty_coef: float = 0.0  # ART's KL-penalised advantage, towards the base model
+    # Whose logprobs that advantage compares with the base's: the learner's or the sampler's.
+    kl_penalty_source: Literal["current_learner", "sample"] = "current_learner"
     truncated_is: float | None = None  # ART's truncated_importance_sampling bound
 
     @property
@@ -53,6 +55,7 @@ class LossConfig:
             mask_ratio=dev_config.mask_prob_ratio,
             kimi_k2_tau=dev_config.kimi_k2_tau,
             kl_penalty_coef=config.kl_penalty_coef,
+            kl_penalty_source=config.kl_penalty_source,
             truncated_is=dev_config.truncated_importance_sampling,
         )
 
@@ -161,7 +164,8 @@ def grpo_loss(
     ART's optional shapings come first: the ratio capped (`max_ratio`) and zeroed outside
     the clip range (`mask_ratio`); the advantages lowered by tau times the log-ratio to
     the sampler (`kimi_k2_tau`) and shifted by `kl_penalty_coef` times (the mean
-    log-ratio to the base model minus the token's own). Last, `truncated_is` multiplies
+    log-ratio to the base model minus the token's own; the policy's log-probabilities, or
+    the sampler's with `kl_penalty_source="sample"`). Last, `truncated_is` multiplies
     each token's loss by its importance weight capped at that bound (TIS, Yao et al. 2025):
     `old_logprobs` over `sampler_logprobs` where the old ones are the trainer's own
     (ART's precalculate_logprobs), else the ratio above.
@@ -180,7 +184,10 @@ def grpo_loss(
     if config.kl_penalty_coef > 0:
         if ref_logprobs is None:
             raise ValueError("grpo_loss: kl_penalty_coef > 0 needs ref_logprobs of the base model")
-        per_token = (new_logprobs - ref_logprobs).detach() * mask
+        policy = new_logprobs
+        if config.kl_penalty_source == "sample":  # the sampler's: given apart, or the old ones
+            policy = old_logprobs if sampler_logprobs is None else sampler_logprobs
+        per_token = (policy - ref_logprobs).detach() * mask
         kl_policy_ref = masked_mean(per_token, mask)
         advantages = advantages + config.kl_penalty_coef * (kl_policy_ref - per_token) * mask
     if config.ppo:

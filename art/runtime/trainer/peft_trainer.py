@@ -353,6 +353,7 @@ class PeftTrainer:
                 trajectory_index=0,
                 rendering=rendering,
                 allow_training_without_logprobs=True,
+                last_turn_only=dev_config.assistant_turns == "last",
             )
         weights = {(sequence.group_index, 0): 1.0 for sequence in sequences}
 

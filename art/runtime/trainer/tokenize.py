@@ -79,11 +79,14 @@ def tokenize_trajectory(
     trajectory_index: int,
     rendering: ChatRendering | None = None,
     allow_training_without_logprobs: bool = False,
+    last_turn_only: bool = False,
 ) -> list[TrainingSequence]:
     """The training sequences of a trajectory and of each of its additional histories.
 
     Raises `TrainingError` for a choice without token ids, unless
-    `allow_training_without_logprobs`.
+    `allow_training_without_logprobs`. With `last_turn_only` (SFT's
+    `assistant_turns="last"`) only each conversation's final message trains, and it must
+    be the assistant's; the turns before it are context.
     """
     conversations = [("messages_and_choices", trajectory.messages_and_choices, trajectory.tools)]
     for h, history in enumerate(trajectory.additional_histories):
@@ -93,7 +96,13 @@ def tokenize_trajectory(
     for where, items, tools in conversations:
         context = f"group {group_index}, trajectory {trajectory_index}, {where}"
         for draft in _tokenize_conversation(
-            items, tools, tokenizer, rendering, allow_training_without_logprobs, context
+            items,
+            tools,
+            tokenizer,
+            rendering,
+            allow_training_without_logprobs,
+            context,
+            last_turn_only,
         ):
             sequences.append(
                 TrainingSequence(
@@ -133,13 +142,22 @@ def _tokenize_conversation(
     rendering: ChatRendering | None,
     allow_without_ids: bool,
     context: str,
+    last_turn_only: bool = False,
 ) -> list[_Draft]:
     messages = messages_of(items)
+    if last_turn_only and (not messages or messages[-1]["role"] != "assistant"):
+        last = f"a {messages[-1]['role']!r} message" if messages else "missing"
+        raise TrainingError(
+            f"{context}: assistant_turns='last' trains the final message, which is {last}. "
+            "End the conversation with the assistant's turn, or use assistant_turns='all'"
+        )
     drafts: list[_Draft] = []
     current: _Draft | None = None
     for k, item in enumerate(items):
         where = f"{context}[{k}]"
         turn: _Turn | None = None
+        if last_turn_only and k != len(items) - 1:
+            continue  # context: inside the prompt of the final turn
         if isinstance(item, Choice):
             turn = _sampled_turn(item, where)
             if turn is None:
