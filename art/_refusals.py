@@ -70,6 +70,18 @@ _DEPLOYMENT = (
     "adapter directory, <path>/<project>/models/<name>/checkpoints/<step>"
 )
 
+_EXTERNAL_VLLM = (
+    "ART 0.5.23's external vLLM mode (training against a vLLM server you already run) is "
+    "not built; LocalBackend starts and feeds its own engine: "
+    "InternalModelConfig(engine='vllm') for vLLM"
+)
+
+_HISTORY_NAMES = (
+    "ART's rules for naming history keys by its metric taxonomy (sections, splits, W&B's "
+    "canonical keys); this version's history.jsonl does not name its metrics by that "
+    "taxonomy yet: docs/reference/storage.md lists the keys it writes"
+)
+
 _GATHER_INTERNAL = (
     "part of ART's gather internals (its progress-bar context); here "
     "art.gather_trajectory_groups and art.gather_trajectories run rollouts, count "
@@ -192,6 +204,52 @@ REFUSED: dict[str, str] = {
 
 
 REFUSED_NAMES: dict[str, str] = {
+    **{
+        f"{module}.{name}": _EXTERNAL_VLLM
+        for module, name in [
+            ("art.dev", "VllmRuntimeArgs"),
+            ("art.dev", "is_external_vllm_mode"),
+            ("art.dev.model", "VllmRuntimeArgs"),
+            ("art.dev.model", "VllmRuntimeMode"),
+            ("art.dev.validate", "is_external_vllm_mode"),
+        ]
+    },
+    **{
+        f"{module}.BackendModelConfig": (
+            "ART 0.5.23's InternalModelConfig with lora_config inside; here lora_config is "
+            "TrainableModel(lora_config=art.LoRAConfig(...)), beside _internal_config"
+        )
+        for module in ["art.dev", "art.dev.model"]
+    },
+    "art.dev.model.PEFT_ARGS_MIGRATION_MESSAGE": (
+        "ART 0.5.23 replaced PeftArgs by lora_config; here both work: "
+        "InternalModelConfig(peft_args=PeftArgs(...)) and TrainableModel(lora_config=...)"
+    ),
+    "art.dev.engine.WeightTransferConfig": (
+        "ART's settings for NCCL weight transfer to vLLM; here each checkpoint reaches the "
+        "engine as a LoRA adapter directory"
+    ),
+    "art.dev.get_model_config.default_target_modules": (
+        "ART's LoRA target modules per model family; here they are "
+        "InternalModelConfig().peft_args's target_modules, or lora_config's"
+    ),
+    "art.types.SFTMetricLoggingConfig": (
+        "ART's internal field of dev.TrainSFTConfig; to train without logging, call "
+        "model.train_sft(..., log_metrics=False)"
+    ),
+    "art.model.METRICS_BUILDER_STATE_KEY": (
+        "ART keeps the metrics builder's running totals under this key of the model's "
+        "state; here they live in the process: model.metrics_builder().state_dict()"
+    ),
+    **{
+        f"art.model.{name}": _HISTORY_NAMES
+        for name in [
+            "METRIC_SECTIONS",
+            "METRIC_SPLITS",
+            "WANDB_CANONICAL_METRIC_KEYS",
+            "WANDB_CANONICAL_METRIC_PREFIXES",
+        ]
+    },
     **{
         f"{module}.{name}": _EXCHANGES
         for module in ["art", "art.trajectories"]

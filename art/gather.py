@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from .core.gather import gather_trajectories, gather_trajectory_groups
 from ._refusals import refused_name
+from .core.gather import gather_trajectories, gather_trajectory_groups
 
 
 def __getattr__(name: str) -> Any:

@@ -125,7 +125,8 @@ def name_state(module: str, name: str) -> State:
 
 
 def tests_naming(modules: list[str]) -> dict[str, list[str]]:
-    """For each module, the test files whose text names it (dotted, or as an import)."""
+    """For each module, the test files whose text names it: dotted, or imported from its
+    package on one line (`from art.utils import cache_dirs`)."""
     texts = {
         path.relative_to(ROOT).as_posix(): path.read_text()
         for path in sorted(TESTS.rglob("test_*.py"))
@@ -133,7 +134,10 @@ def tests_naming(modules: list[str]) -> dict[str, list[str]]:
     }
     named: dict[str, list[str]] = {}
     for module in modules:
-        pattern = re.compile(rf"(?<![\w.]){re.escape(module)}(?![\w])")
+        parent, _, leaf = module.rpartition(".")
+        dotted = rf"(?<![\w.]){re.escape(module)}(?![\w])"
+        imported = rf"from {re.escape(parent)} import [^\n]*\b{re.escape(leaf)}\b"
+        pattern = re.compile(f"{dotted}|{imported}")
         named[module] = [path for path, text in texts.items() if pattern.search(text)]
     return named
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -306,11 +307,11 @@ def test_arts_module_paths_hold_the_same_objects_or_refuse_by_name() -> None:
     import art.pipeline_trainer.status
     import art.pipeline_trainer.trainer
     import art.pipeline_trainer.types
-    from art.utils.format_message import format_message
-    from art.utils.log_http_errors import log_http_errors
     import art.yield_trajectory
     from art.integrations import capture, langgraph
     from art.pipeline import retention, status
+    from art.utils.format_message import format_message
+    from art.utils.log_http_errors import log_http_errors
 
     assert art.pipeline_trainer.trainer.PipelineTrainer is art.PipelineTrainer
     assert art.pipeline_trainer.types.SingleRolloutFn is art.pipeline_trainer.SingleRolloutFn
@@ -338,3 +339,39 @@ def test_arts_module_paths_hold_the_same_objects_or_refuse_by_name() -> None:
             refused()
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         art.pipeline_trainer.trainer.not_a_name  # noqa: B018
+
+
+def test_arts_dev_submodules_hold_the_same_config_types(tmp_path: Path) -> None:
+    import art.dev.engine
+    import art.dev.model
+    import art.dev.openai_server
+    import art.dev.train
+    import art.dev.validate
+    from art.dev.get_model_config import get_model_config
+    from art.dev.sequence_lengths import max_seq_length_from_model_config
+
+    assert art.dev.model.InternalModelConfig is art.dev.InternalModelConfig
+    assert art.dev.model.RolloutWeightsMode is art.dev.RolloutWeightUpdateMode
+    assert art.dev.model.SchedulerType.COSINE.value == "cosine"  # transformers' own enum
+    assert art.dev.engine.EngineArgs is art.dev.EngineArgs
+    assert art.dev.train.TrainSFTConfig is art.dev.TrainSFTConfig
+    assert art.dev.openai_server.ServerArgs is art.dev.ServerArgs
+    assert art.dev.validate.is_dedicated_mode is art.dev.is_dedicated_mode
+    assert get_model_config is art.dev.get_model_config  # the function, not its module
+    with pytest.raises(art.NotBuiltError, match="external vLLM mode"):
+        art.dev.VllmRuntimeArgs(mode="external")
+    # ART 0.5.23's context length of a model, read from its config (the language model's
+    # section of a multimodal one first); the model directory is resolved as training does.
+    for name, config, length in [
+        ("plain", {"max_position_embeddings": 2048}, 2048),
+        ("gpt2", {"n_positions": 1024}, 1024),
+        ("vision", {"max_position_embeddings": 77, "text_config": {"seq_length": 4096}}, 4096),
+    ]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert max_seq_length_from_model_config(str(tmp_path / name)) == length
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "config.json").write_text(json.dumps({"max_position_embeddings": 0}))
+    with pytest.raises(art.ConfigError, match="names no context length") as refused:
+        max_seq_length_from_model_config(str(tmp_path / "none"))
+    assert refused.value.field == "base_model"

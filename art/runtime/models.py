@@ -219,3 +219,40 @@ def load(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+# Where Hugging Face configs keep a model's longest context, and the sections of a
+# multimodal config that hold its language model's.
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "seq_length",
+    "max_sequence_length",
+    "model_max_length",
+)
+_TEXT_SECTIONS = ("text_config", "llm_config", "language_config")
+
+
+def max_seq_length_from_model_config(
+    base_model: str, *, revision: str | None = None, token: str | None = None
+) -> int:
+    """The longest sequence `base_model`'s config allows (ART 0.5.23's helper), its
+    language model's where the config has one; `base_model` resolved as training does.
+
+    Raises ConfigError where no such key holds a positive length.
+    """
+    from transformers import PretrainedConfig
+
+    options = {key: value for key, value in [("revision", revision), ("token", token)] if value}
+    config, _ = PretrainedConfig.get_config_dict(resolve(base_model).weights, **options)
+    sections = [config[key] for key in _TEXT_SECTIONS if isinstance(config.get(key), dict)]
+    for section in [*sections, config]:
+        for key in _CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and 0 < value < 1_000_000_000:
+                return value
+    raise ConfigError(
+        "base_model",
+        f"the config of {base_model!r} names no context length ({', '.join(_CONTEXT_KEYS)})",
+        "Set InitArgs(max_seq_length=...) yourself",
+    )
