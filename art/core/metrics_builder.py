@@ -410,12 +410,17 @@ PIPELINE_RL_METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
         False,
     ),
 )
+"""ART's definitions of a pipelined RL run's metrics: key, title, meaning, kind, unit."""
+
 PIPELINE_RL_DASHBOARD_DEFAULT_METRICS: tuple[str, ...] = tuple(
     d.key for d in PIPELINE_RL_METRIC_DEFINITIONS if d.dashboard_default
 )
+"""The keys of the definitions ART's dashboards show by default."""
+
 PIPELINE_RL_SCORE_METRICS: tuple[str, ...] = tuple(
     d.key for d in PIPELINE_RL_METRIC_DEFINITIONS if d.score_component
 )
+"""The keys of the definitions that make up ART's `objective/score`."""
 
 
 def is_cumulative_metric_key(key: str) -> bool:
