@@ -36,10 +36,7 @@ class StoreLog:
         metrics: dict[str, float],
     ) -> None:
         store = ModelStore(self.path, model.project, model.name)
-        if groups:
-            await asyncio.to_thread(store.write_trajectories, split, step, groups)
-        if metrics:
-            await asyncio.to_thread(store.append_history, step, metrics)
+        await asyncio.to_thread(store.write_log, split, step, groups, metrics)
 
 
 __all__ = ["StoreLog"]

@@ -189,6 +189,20 @@ class ModelStore:
     def trajectories_path(self, split: str, step: int) -> Path:
         return self.dir / "trajectories" / check_split(split) / f"{step:04d}.parquet"
 
+    def write_log(
+        self,
+        split: str,
+        step: int,
+        groups: list[TrajectoryGroup],
+        metrics: Mapping[str, float | int | bool],
+    ) -> None:
+        """A backend's `log`: the groups (if any) into the step's Parquet file of `split`,
+        then the row of `metrics` (if any) into the history."""
+        if groups:
+            self.write_trajectories(split, step, groups)
+        if metrics:
+            self.append_history(step, metrics)
+
     def write_trajectories(self, split: str, step: int, groups: list[TrajectoryGroup]) -> Path:
         """Store groups in the step's Parquet file, after any groups already logged there.
 

@@ -101,10 +101,7 @@ class ProtocolBackend:
         metrics: dict[str, float],
     ) -> None:
         store = self._store(model)
-        if groups:
-            await asyncio.to_thread(store.write_trajectories, split, step, groups)
-        if metrics:
-            await asyncio.to_thread(store.append_history, step, metrics)
+        await asyncio.to_thread(store.write_log, split, step, groups, metrics)
 
     async def train(
         self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup]

@@ -141,10 +141,7 @@ class LocalBackend:
     ) -> None:
         store = self._store(model)
         async with self._lock(model):
-            if groups:
-                await asyncio.to_thread(store.write_trajectories, split, step, groups)
-            if metrics:
-                await asyncio.to_thread(store.append_history, step, metrics)
+            await asyncio.to_thread(store.write_log, split, step, groups, metrics)
 
     async def train(
         self,
