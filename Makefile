@@ -83,11 +83,10 @@ browser:
 # Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
 # child processes, servers and imports that use one core. What must not run twice at once
 # (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time). Tests
-# marked `solo` run after them, alone, each saying in its mark why. Modules go out longest
-# first (tests/module_seconds.json, tests/conftest.py), so neither worker idles at the end.
+# marked `solo` run after them, alone, each saying in its mark why.
 PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not solo"
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not solo"
 	$(BIN)/pytest -m solo -p no:cacheprovider
 
 test: lint typecheck docs pytest

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import platform
 import random
@@ -91,23 +90,6 @@ _MODEL_FIXTURES = {"default_model", "shared_backend", "ray_cluster"}
 def pytest_itemcollected(item: pytest.Item) -> None:
     if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.model)
-
-
-# What each module cost in a clean run (seconds, tests/module_seconds.json). `make test`
-# hands modules to its two workers in collection order (`--no-loadscope-reorder`), so the
-# longest go first and the short ones fill the end: with xdist's own order (most tests
-# first) the two longest modules started last and one worker idled ~2 minutes at the end.
-# A module not listed counts 0 s; a stale figure costs balance, never a result.
-_MODULE_SECONDS: dict[str, float] = json.loads(
-    (Path(__file__).parent / "module_seconds.json").read_text()
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def module_seconds(item: pytest.Item) -> float:
-        return -_MODULE_SECONDS.get(item.nodeid.split("::")[0], 0.0)
-
-    items.sort(key=module_seconds)  # stable: each module's tests keep their order
 
 
 @pytest.fixture(autouse=True)
