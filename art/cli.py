@@ -13,13 +13,20 @@ listing it in `_COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import socket
+    from types import FrameType
 
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -122,8 +129,6 @@ def _serve(args: argparse.Namespace) -> int:
         except ConfigError as error:
             return _fail(f"--ray-config: {error}")
 
-    import uvicorn
-
     from .serve import build_server_app
 
     app = build_server_app(
@@ -140,17 +145,44 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("art.serve").setLevel(logging.INFO)
     try:
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="info",
-            lifespan="off",
-            access_log=False,
-        )
+        _serve_http(app, args.host, args.port)
     finally:
         app.state.art_server.close()
     return 0
+
+
+# Set by the first SIGINT this process gets. Python runs a signal handler between any two
+# bytecodes, also inside a weakref callback or __del__ (an import's module-lock callback,
+# say), where the KeyboardInterrupt it raises is printed and dropped: the command would
+# then start its server and run on (seen in tests/test_sigint.py, SIGINT 1.9 s into `art
+# run`). The flag outlives a dropped exception; `_serve_http` reads it once uvicorn's own
+# signal handlers are in place.
+_interrupted = threading.Event()
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _interrupted.set()
+    raise KeyboardInterrupt
+
+
+def _serve_http(app: Any, host: str, port: int) -> None:
+    """Serve `app` with uvicorn until SIGINT or SIGTERM, a SIGINT before it started included."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if _interrupted.is_set():  # a SIGINT came before uvicorn's handlers did
+                self.should_exit = True
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", lifespan="off", access_log=False
+    )
+    server = _Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # the signal uvicorn re-raises at its end
+        server.run()
+    if not server.started and not _interrupted.is_set():
+        sys.exit(3)  # as uvicorn.run: the server never started (the port was taken, say)
 
 
 def _add_run(subparsers: Any) -> None:
@@ -187,17 +219,13 @@ def _run(args: argparse.Namespace) -> int:
             "address can train, delete and sample models; keep it on a private network",
             file=sys.stderr,
         )
-    import uvicorn
-
     from .serve.art_run import build_run_app
 
     app = build_run_app(args.path, args.api_key, host=args.host)
     print(f"art run: models under {os.path.abspath(args.path)}", file=sys.stderr, flush=True)
     logging.basicConfig(format="%(levelname)s:     %(name)s: %(message)s", stream=sys.stderr)
     try:
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level="info", lifespan="off", access_log=False
-        )
+        _serve_http(app, args.host, args.port)
     finally:
         app.state.listeners.close()
         backend = app.state.backend
@@ -450,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `art` console script and `python -m art`."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
     args = build_parser().parse_args(argv)
     # LiteLLM fetches its model price list from GitHub at import unless told otherwise; the
     # copy it ships is enough for cost metrics and keeps the command quiet and fast offline.
