@@ -431,41 +431,24 @@ async def test_log_constant_metrics_refuses_what_it_cannot_log() -> None:
 
 
 async def test_pull_model_trajectories_fetches_the_logs_but_not_the_checkpoints(
-    art_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    art_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_bucket: str
 ) -> None:
-    from moto.server import ThreadedMotoServer
-
     from art.utils.benchmarking.pull_model_trajectories import pull_model_trajectories
     from art.utils.s3 import push_model_to_s3
 
     checkpoint = ModelStore(art_path, "bench", "trained").checkpoint_dir(2)
     checkpoint.mkdir(parents=True)
     (checkpoint / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for key, value in {
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        await push_model_to_s3("trained", "bench", s3_bucket="backups", art_path=str(art_path))
+    await push_model_to_s3("trained", "bench", s3_bucket=s3_bucket, art_path=str(art_path))
 
-        elsewhere = tmp_path / "elsewhere"
-        elsewhere.mkdir()
-        monkeypatch.chdir(elsewhere)  # ART's default art path: ./.art outside a git repository
-        monkeypatch.delenv("BACKUP_BUCKET", raising=False)
-        model = art.Model(name="trained", project="bench")
-        with pytest.raises(ConfigError, match="BACKUP_BUCKET"):
-            await pull_model_trajectories(model)
-        monkeypatch.setenv("BACKUP_BUCKET", "backups")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # ART's default art path: ./.art outside a git repository
+    model = art.Model(name="trained", project="bench")
+    with pytest.raises(ConfigError, match="BACKUP_BUCKET"):
         await pull_model_trajectories(model)
-    finally:
-        server.stop()
+    monkeypatch.setenv("BACKUP_BUCKET", s3_bucket)
+    await pull_model_trajectories(model)
 
     pulled = await load_trajectories("bench", art_path=elsewhere / ".art")
     original = await load_trajectories("bench", models=["trained"], art_path=art_path)
