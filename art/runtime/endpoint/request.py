@@ -41,10 +41,39 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
+    def response(self, protocol: Literal["openai", "anthropic"] = "openai") -> JSONResponse:
+        """The error in `protocol`'s shape: OpenAI's, or Anthropic's for `/v1/messages`."""
+        if protocol == "anthropic":
+            return JSONResponse(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": _ANTHROPIC_TYPES.get(self.status, "api_error"),
+                        "message": self.message,
+                    },
+                },
+                status_code=self.status,
+            )
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         return JSONResponse({"error": body}, status_code=self.status)
+
+
+# Anthropic's error types by status (docs.anthropic.com, "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+}
+
+
+def error_protocol(request: Request) -> Literal["openai", "anthropic"]:
+    """Whose error shape a request is answered in: Anthropic's on its Messages route."""
+    return "anthropic" if request.url.path.startswith("/v1/messages") else "openai"
 
 
 def log_rejected(request: Request, status: int, message: str) -> None:
@@ -230,6 +259,7 @@ def _is_type_name(part: int | str) -> bool:
 __all__ = [
     "ApiError",
     "ChatCompletionRequest",
+    "error_protocol",
     "log_rejected",
     "parse_chat_request",
     "read_body",

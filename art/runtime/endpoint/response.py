@@ -61,7 +61,7 @@ class Job:
         return bool(self.tool_names)
 
 
-def _message(
+def assistant_message(
     body: ChatCompletionRequest, job: Job, sample: Sample, tokenizer: Any
 ) -> tuple[dict[str, Any], str, Sample]:
     """The assistant message of `sample`, its finish reason, and the sample as returned.
@@ -136,7 +136,7 @@ def _logprobs(route: Route, sample: Sample, as_ids: bool) -> dict[str, Any]:
 def _choice(
     body: ChatCompletionRequest, route: Route, job: Job, index: int, sample: Sample
 ) -> dict[str, Any]:
-    message, finish_reason, sample = _message(body, job, sample, route.tokenizer)
+    message, finish_reason, sample = assistant_message(body, job, sample, route.tokenizer)
     return {
         "index": index,
         "message": message,
@@ -249,7 +249,7 @@ async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIt
             yield f"data: {json.dumps({'error': failure})}\n\n"
             return
         for index, sample in enumerate(samples):
-            message, finish_reason, sample = _message(body, job, sample, route.tokenizer)
+            message, finish_reason, sample = assistant_message(body, job, sample, route.tokenizer)
             final_delta: dict[str, Any] = {}
             content = message.get("content") or ""
             if content[len(sent[index]) :]:
@@ -271,4 +271,4 @@ async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIt
         route.release()
 
 
-__all__ = ["Job", "Route", "completion", "no_release", "stream"]
+__all__ = ["Job", "Route", "assistant_message", "completion", "no_release", "stream"]

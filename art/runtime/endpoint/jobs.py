@@ -1,0 +1,206 @@
+"""A request made ready for the engine, and run on it: the part every protocol shares.
+
+Each route (chat completions, completions, responses, messages) reads its own protocol
+into a `ChatCompletionRequest`-shaped body where it is a chat, then `ready_job` renders the
+prompt, applies the tool policy and compiles the grammar (off the event loop), and
+`run_job` samples, cancelled as soon as the client disconnects. Bad input raises
+`ApiError`, which each route answers in its protocol's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+
+from ..chat_format import render_prompt
+from ..engines.base import Sample, SamplingParams
+from ..engines.structured import Grammar, GrammarError, Grammars
+from .request import ApiError, ChatCompletionRequest, log_rejected
+from .response import Job, Route
+
+DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
+
+
+async def ready_job(body: ChatCompletionRequest, route: Route) -> Job:
+    """`body` made ready for `route`'s engine: prompt ids, sampling, tool policy, grammar."""
+    job = await asyncio.to_thread(prepare_job, body, route)
+    constrained = job.prefill or (body.response_format or {}).get("type", "text") != "text"
+    if constrained:  # compiling may take a while: off the event loop
+        grammar = await asyncio.to_thread(_grammar, body, route, job)
+        job = replace(job, params=replace(job.params, grammar=grammar))
+    return job
+
+
+async def run_job(request: Request, route: Route, job: Job, n: int = 1) -> list[Sample]:
+    """The `n` samples of `job`, cancelled as soon as the client disconnects."""
+    generation = route.engine.generate(job.prompt_ids, job.params, n=n, adapter=route.adapter)
+    return await _unless_disconnected(request, generation)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[list[Sample]]) -> list[Sample]:
+    """`await work`, cancelled as soon as the client disconnects.
+
+    uvicorn does not cancel a handler whose client went away; once the body is read, the
+    next ASGI message the request receives is its `http.disconnect`.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        log_rejected(request, 499, "the client disconnected; its generation was cancelled")
+        raise ClientGone
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
+    tools = body.tools if body.tool_choice != "none" else None
+    if (
+        tools
+        and route.rendering.template is None
+        and "tools" not in str(route.tokenizer.chat_template)
+    ):
+        raise ApiError(400, "this model's chat template has no tool support", param="tools")
+    prefill, forced = "", None
+    names = [tool["function"]["name"] for tool in tools or []]
+    if tools and isinstance(body.tool_choice, dict):
+        forced = body.tool_choice.get("function", {}).get("name")
+        if forced not in names:
+            raise ApiError(
+                400, f"tool_choice names {forced!r}, which is not in tools", param="tool_choice"
+            )
+    elif tools and body.tool_choice == "required":
+        forced = names[0] if len(names) == 1 else None
+        prefill = "<tool_call>"
+    if forced is not None:
+        # The call is written up to its arguments; the model writes those.
+        prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": '
+    try:
+        text = render_prompt(
+            route.tokenizer, body.messages, tools, route.rendering, kwargs=body.chat_template_kwargs
+        )
+    except Exception as error:  # a template that cannot render these messages
+        raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error
+    prompt_ids: list[int] = route.tokenizer(text + prefill, add_special_tokens=False).input_ids
+    room = route.context_length - len(prompt_ids)
+    if room < 1:
+        raise ApiError(
+            400,
+            f"messages: the prompt has {len(prompt_ids)} tokens; the model's context is "
+            f"{route.context_length}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"max_tokens: {asked} does not fit: the prompt has {len(prompt_ids)} tokens and the "
+            f"context is {route.context_length}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=stop,
+        seed=body.seed,
+        top_logprobs=body.top_logprobs or 0,
+    )
+    return Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
+
+
+def _grammar(body: ChatCompletionRequest, route: Route, job: Job) -> Grammar | None:
+    """The grammar the completion is sampled under: a forced call's arguments, else the
+    `response_format` (a turn that must call a tool has no room for other JSON)."""
+    grammars = route.engine.grammars
+    if job.prefill:
+        tools = body.tools or []
+        if job.forced_tool is None:
+            # `required` among several tools: one call of any of them, named and with
+            # arguments that fit that tool's parameters.
+            schema = {"anyOf": [_call_schema(tool) for tool in tools]}
+            return _tools_grammar(
+                grammars, tools, lambda: grammars.json_then(schema, "</tool_call>")
+            )
+        tool = next(t for t in tools if t["function"]["name"] == job.forced_tool)
+        parameters = tool["function"].get("parameters")
+        if not isinstance(parameters, dict):
+            return None
+        return _tools_grammar(
+            grammars, tools, lambda: grammars.json_then(parameters, "}</tool_call>"), only=tool
+        )
+    response_format = body.response_format or {}
+    try:
+        if response_format.get("type") == "json_object":
+            return grammars.json_object()
+        if response_format.get("type") == "json_schema":
+            spec = response_format["json_schema"]
+            return grammars.json_schema(spec["schema"], strict=spec.get("strict") is not False)
+    except GrammarError as error:
+        raise ApiError(
+            400,
+            f"response_format: the JSON schema does not compile: {error}",
+            param="response_format",
+        ) from error
+    return None
+
+
+def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """A `<tool_call>` body for `tool`: its name, then arguments under its parameters."""
+    parameters = tool["function"].get("parameters")
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool["function"]["name"]},
+            "arguments": parameters if isinstance(parameters, dict) else {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _tools_grammar(
+    grammars: Grammars,
+    tools: list[dict[str, Any]],
+    compile: Callable[[], Grammar],
+    only: dict[str, Any] | None = None,
+) -> Grammar:
+    """`compile()`d, or a 400 naming the tool (of `tools`, or just `only`) that breaks it."""
+    try:
+        return compile()
+    except GrammarError as error:
+        param = "tools"
+        for index, tool in enumerate(tools):
+            parameters = tool["function"].get("parameters")
+            if (only is not None and tool is not only) or not isinstance(parameters, dict):
+                continue
+            try:
+                grammars.json_then(parameters, "")
+            except GrammarError:
+                param = f"tools[{index}].function.parameters"
+                break
+        raise ApiError(400, f"{param}: not a usable JSON schema: {error}", param=param) from error
+
+
+__all__ = ["DEFAULT_MAX_TOKENS", "ClientGone", "prepare_job", "ready_job", "run_job"]
