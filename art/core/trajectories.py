@@ -41,6 +41,7 @@ from pydantic import (
 
 from . import observe
 from .errors import TrajectoryValidationError
+from .exchanges import TrajectoryExchanges
 from .types import Message, MessageOrChoice, Messages, Tool
 
 MetadataValue: TypeAlias = float | int | str | bool | None
@@ -228,10 +229,18 @@ class History(BaseModel):
 
 
 class Trajectory(BaseModel):
-    """One rollout: the conversation, the tools the model had, its reward and metrics."""
+    """One rollout: the conversation, the tools the model had, its reward and metrics.
+
+    Either built by hand (`messages_and_choices`, `tools`, `additional_histories`, ART
+    0.5.18's shape) or captured (`exchanges`: `with art.Trajectory() as t:` records the
+    model calls made inside it, ART 0.5.23's shape); never both.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    exchanges: TrajectoryExchanges = Field(
+        default_factory=TrajectoryExchanges, exclude_if=lambda value: not value
+    )
     messages_and_choices: list[MessageOrChoiceField] = Field(default_factory=list)
     tools: list[ToolField] | None = None
     additional_histories: list[History] = Field(default_factory=list)
