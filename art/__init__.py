@@ -63,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "LocalServingUnavailableError": "art.core.errors",
     "LoRAConfig": "art.core.dev",
     "get_tokenizer": "art.runtime.tokenizer",
+    "tokenize": "art.runtime.art_tokenize",
+    "tensorize": "art.runtime.art_tokenize",
     "RolloutError": "art.core.errors",
     "StorageError": "art.core.errors",
     "TrainingError": "art.core.errors",
@@ -72,7 +74,15 @@ _EXPORTS: dict[str, str] = {
     "PipelineTrainer": "art.pipeline",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
+    "capture_callback": "art.integrations.langgraph.callbacks",
     "capture_http_client": "art.integrations.capture",
+    "capture_sync_http_client": "art.integrations.capture",
+    "capture_trace_config": "art.integrations.capture",
+    "capture_requests_session": "art.integrations.capture",
+    "current_trajectory": "art.core.capture_scope",
+    "no_capture": "art.core.capture_scope",
+    "trajectory": "art.core.capture_scope",
+    "trajectory_group": "art.core.capture_scope",
     "yield_trajectory": "art.integrations.capture",
     "capture_yielded_trajectory": "art.integrations.capture",
 }
@@ -126,6 +136,10 @@ if TYPE_CHECKING:
     from .backends.local import LocalBackend as LocalBackend
     from .backends.serverless import ServerlessBackend as ServerlessBackend
     from .core.backend import Backend as Backend
+    from .core.capture_scope import current_trajectory as current_trajectory
+    from .core.capture_scope import no_capture as no_capture
+    from .core.capture_scope import trajectory as trajectory
+    from .core.capture_scope import trajectory_group as trajectory_group
     from .core.dev import LoRAConfig as LoRAConfig
     from .core.errors import (
         ArtError as ArtError,
@@ -196,7 +210,13 @@ if TYPE_CHECKING:
     from .integrations.capture import auto_trajectory as auto_trajectory
     from .integrations.capture import capture_auto_trajectory as capture_auto_trajectory
     from .integrations.capture import capture_http_client as capture_http_client
+    from .integrations.capture import capture_requests_session as capture_requests_session
+    from .integrations.capture import capture_sync_http_client as capture_sync_http_client
+    from .integrations.capture import capture_trace_config as capture_trace_config
     from .integrations.capture import capture_yielded_trajectory as capture_yielded_trajectory
     from .integrations.capture import yield_trajectory as yield_trajectory
+    from .integrations.langgraph.callbacks import capture_callback as capture_callback
     from .pipeline import PipelineTrainer as PipelineTrainer
+    from .runtime.art_tokenize import tensorize as tensorize
+    from .runtime.art_tokenize import tokenize as tokenize
     from .runtime.tokenizer import get_tokenizer as get_tokenizer

@@ -37,10 +37,10 @@ _CAPTURE_INTERNAL = (
 )
 
 _EXCHANGES = (
-    "ART 0.5.23's capture of HTTP exchanges (`with art.Trajectory()`, four protocols, "
-    "tokenize and tensorize) is not built yet; record a rollout with model.openai_client() "
-    "(or an SDK given http_client=art.capture_http_client()) inside "
-    "art.capture_auto_trajectory(...), or append each Choice to messages_and_choices"
+    "part of ART 0.5.23's trajectory model (its tokenize and tensorize, typed histories "
+    "and compact forms) not built yet; calls are captured with `with art.Trajectory() as "
+    "t:` into t.exchanges, through a client given http_client=art.capture_http_client() "
+    "(or model.openai_client()), or recorded inside art.capture_auto_trajectory(...)"
 )
 
 _MEGATRON = (
@@ -251,16 +251,11 @@ REFUSED_NAMES: dict[str, str] = {
         ]
     },
     **{
-        f"{module}.{name}": _EXCHANGES
-        for module in ["art", "art.trajectories"]
-        for name in [
-            "current_trajectory",
-            "no_capture",
-            "tensorize",
-            "tokenize",
-            "trajectory",
-            "trajectory_group",
-        ]
+        f"art.trajectories.{name}": (
+            f"ART's second import path for {name}; here it is art.{name} "
+            "(single-history trajectories, on the trainer's tokenization)"
+        )
+        for name in ["tensorize", "tokenize"]
     },
     **{
         f"art.trajectories.{name}": _EXCHANGES

@@ -333,7 +333,6 @@ def test_arts_module_paths_hold_the_same_objects_or_refuse_by_name() -> None:
         (art.auto_trajectory.patch_httpx, "patches no third-party code"),
         (art.langgraph.llm_wrapper.LoggingLLM, "wrap_rollout records each call"),
         (art.pipeline_trainer.trainer.PIPELINE_STATE_KEY, "pipeline_state.json"),
-        (art.tokenize, "capture_auto_trajectory"),
     ]:
         with pytest.raises(art.NotBuiltError, match=says):
             refused()

@@ -8,7 +8,8 @@ ART has written two layouts, and ours (`parquet.py`) is a third:
   their token ids and logprobs are gone; they come back as assistant messages.
 - ART 0.5.23 (v2): the v1 columns plus `format_version`, `trajectory_index`,
   `group_json` and `trajectory_json` (the full models as JSON), and the schema
-  metadata key `art.trajectory_parquet.version`. It reads back exactly.
+  metadata key `art.trajectory_parquet.version`. It reads back exactly, captured
+  `exchanges` included (each exchange's computed `model` key is computed again).
 
 `parquet.read_groups` sends any file without our `trajectory` column here.
 """
@@ -19,6 +20,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from .errors import TrajectoryValidationError
 from .trajectories import PydanticException, Trajectory, TrajectoryGroup
@@ -75,14 +78,20 @@ def _index(path: Path, field: str, value: object) -> int:
 
 def _v2_trajectory(path: Path, payload: object) -> Trajectory:
     data = _json_object(path, "trajectory_json", payload)
-    exchanges = data.pop("exchanges", None) or {}
-    if any(exchanges.values()) if isinstance(exchanges, Mapping) else exchanges:
-        raise TrajectoryValidationError(
-            f"{path}: trajectory_json.exchanges",
-            "the trajectory holds ART 0.5.23 captured exchanges, which this version does not store",
-            "Read it with ART, or log the rollout as messages_and_choices",
-        )
-    return Trajectory.model_validate(data)
+    exchanges = data.get("exchanges")
+    if isinstance(exchanges, Mapping) and not any(exchanges.values()):
+        del data["exchanges"]  # ART dumps its empty lists with every trajectory
+    if "exchanges" in data:
+        # ART writes a captured trajectory's empty hand-built fields: not a second shape.
+        for name, empty in (("messages_and_choices", []), ("tools", None)):
+            if data.get(name) == empty:
+                data.pop(name)
+        if data.get("additional_histories") == []:
+            data.pop("additional_histories")
+    try:
+        return Trajectory.model_validate(data)
+    except ValidationError as error:
+        raise _bad(path, "trajectory_json", f"not a trajectory ({error})") from error
 
 
 def _v2_group(path: Path, index: int, rows: list[dict[str, Any]]) -> TrajectoryGroup:

@@ -3,7 +3,8 @@
 The readable columns (`reward`, `messages` with role, content, tool calls and whether
 the turn was trainable) are for analysis with pandas, polars or DuckDB. The
 `trajectory` column holds the trajectory's full JSON, which is what `read_groups`
-rebuilds from, so nothing is lost in a round trip. A group's own `metrics` (JSON) and
+rebuilds from, so nothing is lost in a round trip (a captured trajectory's exchanges
+included, as JSON; its readable `messages` are its main conversation's). A group's own `metrics` (JSON) and
 `logs` are repeated on each of its rows, as ART's `group_metrics` and `group_logs`.
 
 `read_groups` also reads the files OpenPipe ART writes (0.5.18's and 0.5.23's layouts,
@@ -115,12 +116,15 @@ def _empty_row(
 
 
 def _trajectory_row(trajectory: Trajectory) -> dict[str, Any]:
+    # A captured trajectory's readable columns show its main conversation; its exchanges
+    # are kept whole in the `trajectory` column's JSON.
+    main = trajectory.histories()[0] if trajectory.exchanges else trajectory
     return {
         "reward": trajectory.reward,
         "metrics": json.dumps(trajectory.metrics),
         "metadata": json.dumps(trajectory.metadata),
-        "messages": [_message_row(item) for item in trajectory.messages_and_choices],
-        "tools": json.dumps(trajectory.tools) if trajectory.tools is not None else None,
+        "messages": [_message_row(item) for item in main.messages_and_choices],
+        "tools": json.dumps(main.tools) if main.tools is not None else None,
         "logs": list(trajectory.logs),
         "trajectory": trajectory.model_dump_json(),
     }

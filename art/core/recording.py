@@ -9,6 +9,12 @@ call is handed to the sink when the body is complete. Requests for any other mod
 any request made outside a recording, pass straight through. Nothing of httpx is
 replaced: other clients in the process (a judge's, LiteLLM's) are never touched.
 
+Inside an ART 0.5.23 capture scope (`with art.Trajectory() as t:`, see
+`core/capture_scope.py`), every POST these transports send to a Chat Completions,
+Completions, Responses or Messages path, whatever the host or model, is also recorded as
+an exchange into the innermost scope's trajectory (`core/exchange_capture.py`): once,
+when its 2xx body is complete or its stream's terminal event arrives.
+
 Where a tracing service is on (Langfuse, see `core/observe.py`), each chat completion
 sent through these transports is also traced, inside the current rollout's trace.
 """
@@ -16,18 +22,21 @@ sent through these transports is also traced, inside the current rollout's trace
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 
-from . import observe
+from . import exchange_capture, observe
+from .exchange_capture import ExchangeCapture
 from .observe import ChatTrace
 
 _CLAIMED = "art.recording.claimed"  # request extension: an outer transport records this call
 _TRACED = "art.recording.traced"  # request extension: an outer transport traces this call
+_EXCHANGE = "art.recording.exchange"  # request extension: an outer transport captures this call
 
 
 class CallSink(Protocol):
@@ -129,25 +138,69 @@ def _traced(request: httpx.Request) -> ChatTrace | None:
     return observe.chat_call(body)
 
 
+def _exchange(request: httpx.Request) -> ExchangeCapture | None:
+    """A capture of this call into the current capture scope, if it is a model call."""
+    if request.extensions.get(_EXCHANGE):
+        return None
+    try:
+        body = request.content
+    except RuntimeError:  # RequestNotRead (httpx's or httpx2's): a streamed upload, not JSON
+        return None
+    capture = exchange_capture.begin(request.method, str(request.url), body)
+    if capture is not None:
+        request.extensions[_EXCHANGE] = True
+    return capture
+
+
+def _responded(response: httpx.Response, capture: ExchangeCapture | None) -> ExchangeCapture | None:
+    """Tell `capture` the status; None where the body need not be watched (not 2xx)."""
+    if capture is None:
+        return None
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    compressed = encoding not in ("", "identity")
+    # A compressed stream's terminal event cannot be seen in its bytes: it ends at its end.
+    capture.responded(response.status_code, scan=not compressed)
+    if compressed:
+        capture.decode = lambda raw: _decoded(response, raw)
+    return None if capture.done else capture
+
+
 class _Tap:
     """Keeps the bytes of a response body as the client reads them; hands them on at close.
 
     `on_body` is called with the whole body if the client read it to the end; `on_cut`
-    if the response was closed first (a cancelled or disconnected request).
+    if the response was closed first (a cancelled or disconnected request). An exchange
+    capture is fed each piece as it is read, so it can end at a stream's terminal event.
     """
 
     def __init__(
-        self, on_body: list[Callable[[bytes], None]], on_cut: list[Callable[[], None]]
+        self,
+        on_body: list[Callable[[bytes], None]],
+        on_cut: list[Callable[[], None]],
+        exchange: ExchangeCapture | None = None,
     ) -> None:
-        self._on_body, self._on_cut = on_body, on_cut
+        self._on_body, self._on_cut, self._exchange = on_body, on_cut, exchange
         self._parts: list[bytes] = []
         self._complete = self._finished = False
+
+    def part(self, chunk: bytes) -> None:
+        if self._on_body:
+            self._parts.append(chunk)
+        if self._exchange is not None:
+            self._exchange.feed(chunk)
+
+    def ended(self) -> None:
+        self._complete = True
+        if self._exchange is not None:
+            self._exchange.ended()
 
     def finish(self) -> None:
         if self._finished:
             return
         self._finished = True
         if not self._complete:  # a body cut short has no final chunk: nothing to record
+            if self._exchange is not None:
+                self._exchange.cut()
             for cut in self._on_cut:
                 cut()
             return
@@ -156,8 +209,14 @@ class _Tap:
             on_body(raw)
 
 
-def _tap(response: httpx.Response, claim: _Claim | None, trace: ChatTrace | None) -> _Tap | None:
-    """What watches this response's body: the capture's claim, a trace, both or neither."""
+def _tap(
+    response: httpx.Response,
+    claim: _Claim | None,
+    trace: ChatTrace | None,
+    exchange: ExchangeCapture | None,
+) -> _Tap | None:
+    """What watches this response's body: the capture's claim, a trace, an exchange capture,
+    any of them or none."""
     on_body: list[Callable[[bytes], None]] = []
     on_cut: list[Callable[[], None]] = []
     if claim is not None:
@@ -165,48 +224,91 @@ def _tap(response: httpx.Response, claim: _Claim | None, trace: ChatTrace | None
     if trace is not None:
         on_body.append(lambda raw: trace.finish(response.status_code, _decoded(response, raw)))
         on_cut.append(lambda: trace.fail("the response was closed before its body ended"))
-    return _Tap(on_body, on_cut) if on_body else None
+    return _Tap(on_body, on_cut, exchange) if on_body or exchange is not None else None
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """What watches one call: the rollout's claim, a trace, an exchange capture (or none)."""
+
+    claim: _Claim | None
+    trace: ChatTrace | None
+    exchange: ExchangeCapture | None
+
+    @classmethod
+    def of(cls, request: Any, accepts: ModelFilter | None) -> _Watch:
+        """`request` is httpx's or httpx2's (the same API): see `recording_httpx2`."""
+        return cls(_claim(request, accepts), _traced(request), _exchange(request))
+
+    def sending(self) -> AbstractContextManager[object]:
+        return exchange_capture.sending() if self.exchange is not None else nullcontext()
+
+    def failed(self, error: BaseException) -> None:
+        if self.trace is not None:
+            self.trace.fail(f"the request failed: {error!r}")
+
+    def tap(self, response: Any) -> _Tap | None:
+        return _tap(response, self.claim, self.trace, _responded(response, self.exchange))
 
 
 class _RecordingStream(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, tap: _Tap) -> None:
+    def __init__(self, inner: Iterable[bytes], tap: _Tap) -> None:
         self._inner, self._tap = inner, tap
 
     def __iter__(self) -> Iterator[bytes]:
-        for part in self._inner:
-            self._tap._parts.append(part)
-            yield part
-        self._tap._complete = True
+        yield from _tapped(self._inner, self._tap)
 
     def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            self._tap.finish()
+        _close(self._inner, self._tap)
 
 
 class _RecordingAsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: httpx.AsyncByteStream, tap: _Tap) -> None:
+    def __init__(self, inner: AsyncIterable[bytes], tap: _Tap) -> None:
         self._inner, self._tap = inner, tap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self._inner:
-            self._tap._parts.append(part)
+        async for part in _atapped(self._inner, self._tap):
             yield part
-        self._tap._complete = True
 
     async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            self._tap.finish()
+        await _aclose(self._inner, self._tap)
+
+
+def _tapped(inner: Iterable[bytes], tap: _Tap) -> Iterator[bytes]:
+    for part in inner:
+        tap.part(part)
+        yield part
+    tap.ended()
+
+
+async def _atapped(inner: AsyncIterable[bytes], tap: _Tap) -> AsyncIterator[bytes]:
+    async for part in inner:
+        tap.part(part)
+        yield part
+    tap.ended()
+
+
+def _close(inner: Any, tap: _Tap) -> None:
+    try:
+        inner.close()
+    finally:
+        tap.finish()
+
+
+async def _aclose(inner: Any, tap: _Tap) -> None:
+    try:
+        await inner.aclose()
+    finally:
+        tap.finish()
 
 
 class RecordingTransport(httpx.BaseTransport):
-    """An httpx transport that records chat completions sent inside a recorded rollout.
+    """An httpx transport that records chat completions sent inside a recorded rollout,
+    and the model calls sent inside a capture scope as exchanges.
 
-    `accepts` limits recording to some `model` values (see `served_as`); None records
-    every chat completion sent through it.
+    `accepts` limits the rollout recording to some `model` values (see `served_as`); None
+    records every chat completion sent through it. A capture scope records every model
+    call, whichever model it names, as ART's does.
     """
 
     def __init__(
@@ -216,15 +318,14 @@ class RecordingTransport(httpx.BaseTransport):
         self._accepts = accepts
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        claim = _claim(request, self._accepts)
-        trace = _traced(request)
+        watch = _Watch.of(request, self._accepts)
         try:
-            response = self._inner.handle_request(request)
+            with watch.sending():
+                response = self._inner.handle_request(request)
         except BaseException as error:
-            if trace is not None:
-                trace.fail(f"the request failed: {error!r}")
+            watch.failed(error)
             raise
-        tap = _tap(response, claim, trace)
+        tap = watch.tap(response)
         if tap is not None:
             assert isinstance(response.stream, httpx.SyncByteStream)
             response.stream = _RecordingStream(response.stream, tap)
@@ -244,15 +345,14 @@ class RecordingAsyncTransport(httpx.AsyncBaseTransport):
         self._accepts = accepts
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        claim = _claim(request, self._accepts)
-        trace = _traced(request)
+        watch = _Watch.of(request, self._accepts)
         try:
-            response = await self._inner.handle_async_request(request)
+            with watch.sending():
+                response = await self._inner.handle_async_request(request)
         except BaseException as error:
-            if trace is not None:
-                trace.fail(f"the request failed: {error!r}")
+            watch.failed(error)
             raise
-        tap = _tap(response, claim, trace)
+        tap = watch.tap(response)
         if tap is not None:
             assert isinstance(response.stream, httpx.AsyncByteStream)
             response.stream = _RecordingAsyncStream(response.stream, tap)

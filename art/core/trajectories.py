@@ -24,6 +24,7 @@ from collections.abc import (
     Mapping,
 )
 from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Annotated, Any, TypeAlias, overload
 
 from openai.types.chat import ChatCompletionMessage
@@ -37,6 +38,7 @@ from pydantic import (
     PrivateAttr,
     SerializationInfo,
     field_validator,
+    model_validator,
 )
 
 from . import observe
@@ -180,6 +182,39 @@ def check_str_keys(value: object, where: str) -> Mapping[str, object]:
     return value
 
 
+def check_one_shape(trajectory: Trajectory, where: str) -> None:
+    """Refuse a trajectory holding captured `exchanges` beside the hand-built fields."""
+    if not trajectory.exchanges:
+        return
+    held = [
+        name
+        for name, present in (
+            ("messages_and_choices", bool(trajectory.messages_and_choices)),
+            ("tools", trajectory.tools is not None),
+            ("additional_histories", bool(trajectory.additional_histories)),
+        )
+        if present
+    ]
+    if held:
+        raise TrajectoryValidationError(
+            f"{where}.{held[0]}",
+            "a trajectory holding captured exchanges cannot also hold "
+            "messages_and_choices, tools or additional_histories (as in ART)",
+            f"Leave {held[0]} empty in a captured trajectory, or build the trajectory "
+            "by hand without exchanges",
+        )
+
+
+def _refuse_reconcile(reconcile: bool) -> None:
+    if reconcile:
+        raise TrajectoryValidationError(
+            "reconcile_text_equivalent_tokenizations",
+            "merging conversations whose served token ids differ but whose text agrees "
+            "is not built",
+            "Leave it False: conversations are grouped by their exact token ids",
+        )
+
+
 def _validate_message_or_choice(value: object) -> dict[str, Any] | Choice:
     return check_message_or_choice(value, "message")
 
@@ -267,6 +302,11 @@ class Trajectory(BaseModel):
     def _check_reward(cls, value: object) -> float:
         return check_reward(value, "reward")
 
+    @model_validator(mode="after")
+    def _check_one_shape(self) -> Trajectory:
+        check_one_shape(self, "trajectory")
+        return self
+
     @field_validator("metrics", mode="before")
     @classmethod
     def _check_metrics(cls, value: object) -> dict[str, MetricValue]:
@@ -292,8 +332,60 @@ class Trajectory(BaseModel):
         )
 
     def messages(self) -> Messages:
-        """The conversation as plain messages, each `Choice` as its assistant message."""
+        """The conversation as plain messages, each `Choice` as its assistant message.
+
+        Of a captured trajectory (`exchanges`): its main conversation's.
+        """
+        if self.exchanges:
+            return self.histories()[0].messages()
         return messages_of(self.messages_and_choices)
+
+    def histories(
+        self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False
+    ) -> list[History]:
+        """Every conversation of this trajectory, the main one first (ART 0.5.23's name).
+
+        Captured exchanges are grouped as `art.core.exchange_histories` says (`model`, a
+        name or shell pattern, selects whose); a trajectory built by hand gives its
+        `messages_and_choices`, then its `additional_histories`. Each is a `History`.
+        """
+        from .exchange_histories import histories_of
+
+        _refuse_reconcile(reconcile_text_equivalent_tokenizations)
+        return histories_of(self, model=model)
+
+    def history(
+        self, *, model: str | None = None, reconcile_text_equivalent_tokenizations: bool = False
+    ) -> History:
+        """The trajectory's one conversation; an error names how many it has otherwise."""
+        found = self.histories(
+            model=model,
+            reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
+        )
+        if len(found) != 1:
+            raise TrajectoryValidationError(
+                "history",
+                f"the trajectory has {len(found)} conversations, not one",
+                "Call histories() for all of them (the main one first)",
+            )
+        return found[0]
+
+    def __enter__(self) -> Trajectory:
+        """Capture the model calls made inside the block into `exchanges` (ART 0.5.23's)."""
+        from . import capture_scope
+
+        return capture_scope.enter(self)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        exc_traceback: TracebackType | None,
+    ) -> None:
+        """Close the scope (the innermost one) and `finish()` the trajectory."""
+        from . import capture_scope
+
+        capture_scope.exit(self)
 
     def log(self, message: str) -> None:
         """Keep a line of text with this trajectory (stored with it, shown in reports)."""

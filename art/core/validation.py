@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from openai.types.chat.chat_completion import Choice
 
 from .errors import TrajectoryValidationError
+from .exchange_histories import has_sampled_tokens, histories_of, note_untrained
 from .trajectories import (
     History,
     Trajectory,
@@ -19,6 +20,7 @@ from .trajectories import (
     check_message_or_choice,
     check_metadata_value,
     check_metric,
+    check_one_shape,
     check_reward,
     check_tool,
 )
@@ -33,6 +35,16 @@ def _check_history(history: History | Trajectory, where: str) -> None:
 
 def check_trajectory(trajectory: Trajectory, where: str) -> None:
     """Raise `TrajectoryValidationError` naming the first bad value in `trajectory`."""
+    check_one_shape(trajectory, where)  # exchanges are appended without validation
+    if trajectory.exchanges:
+        try:
+            histories_of(trajectory)  # what logging, display and training read
+        except ValueError as error:
+            raise TrajectoryValidationError(
+                f"{where}.exchanges",
+                f"the captured requests cannot be read as conversations ({error})",
+                "Send each request in its protocol's documented shape",
+            ) from error
     _check_history(trajectory, where)
     for index, history in enumerate(trajectory.additional_histories):
         _check_history(history, f"{where}.additional_histories[{index}]")
@@ -83,18 +95,39 @@ def check_trainable(groups: Sequence[TrajectoryGroup], *, allow_without_logprobs
     A trainable turn is a `Choice` the endpoint returned with its sampled `token_ids`; with
     `allow_without_logprobs` (art.dev.TrainConfig's `allow_training_without_logprobs`) any
     assistant turn is. Checked before anything is logged or checkpointed, by every backend.
+    A captured trajectory (`exchanges`) is trainable when an exchange carries the token ids
+    our endpoint sampled; its exchanges without them are context, each named in its logs.
     """
+    trainable = False
+    captured = 0
     for group in groups:
         for trajectory in group.trajectories:
+            if trajectory.exchanges:
+                captured += 1
+                note_untrained(trajectory)
+                trainable = trainable or has_sampled_tokens(trajectory)
+                continue
             histories: list[History | Trajectory] = [trajectory, *trajectory.additional_histories]
-            if any(
+            trainable = trainable or any(
                 _trainable(item, allow_without_logprobs)
                 for history in histories
                 for item in history.messages_and_choices
-            ):
-                return
+            )
+    if trainable:
+        return
     trajectories = sum(len(group.trajectories) for group in groups)
     failed = sum(len(group.exceptions) for group in groups)
+    if captured:
+        raise TrajectoryValidationError(
+            "trajectory_groups",
+            f"nothing to train: none of the {trajectories} trajectories has an answer "
+            f"sampled with its token ids ({captured} hold captured exchanges, whose answers "
+            "came from servers that return no prompt_token_ids and token_ids); nothing was "
+            "logged or checkpointed",
+            "Call the model through this backend's endpoint (`model.openai_client()`, or "
+            "any SDK pointed at `model.inference_base_url`), inside the `with "
+            "art.Trajectory() as t:` scope, with a client the scope captures",
+        )
     what = (
         f"none of the {trajectories} trajectories has an assistant turn sampled with its "
         "token ids (a Choice from the model's own endpoint)"

@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..core.exchange_histories import policy_versions
 from ..core.trajectories import Trajectory, TrajectoryGroup
 
 
 def choice_versions(trajectory: Trajectory) -> list[int]:
     """The `policy_version` of every sampled turn, as the endpoint reported it."""
+    if trajectory.exchanges:
+        return policy_versions(trajectory)
     items: Iterator[Any] = iter(trajectory.messages_and_choices)
     histories = (h.messages_and_choices for h in trajectory.additional_histories)
     versions = []

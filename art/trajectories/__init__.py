@@ -3,6 +3,7 @@
 from typing import Any
 
 from .._refusals import refused_name
+from ..core.capture_scope import current_trajectory, no_capture, trajectory, trajectory_group
 from ..core.trajectories import (
     History,
     MetadataValue,
@@ -23,5 +24,9 @@ __all__ = [
     "PydanticException",
     "Trajectory",
     "TrajectoryGroup",
+    "current_trajectory",
     "get_messages",
+    "no_capture",
+    "trajectory",
+    "trajectory_group",
 ]

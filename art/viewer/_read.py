@@ -185,14 +185,16 @@ def _conversation(item: Trajectory | History, tools: _Tools) -> dict[str, Any]:
 
 
 def _trajectory(index: int, trajectory: Trajectory, tools: _Tools) -> dict[str, Any]:
+    # A captured trajectory shows the conversations of its exchanges, the main one first.
+    main, *others = trajectory.histories()
     return {
         "index": index,
         "reward": trajectory.reward,
         "metrics": trajectory.metrics,
         "metadata": trajectory.metadata,
         "logs": trajectory.logs,
-        **_conversation(trajectory, tools),
-        "histories": [_conversation(history, tools) for history in trajectory.additional_histories],
+        **_conversation(main, tools),
+        "histories": [_conversation(history, tools) for history in others],
     }
 
 

@@ -161,7 +161,7 @@ def test_an_art_0_5_23_file_in_a_model_directory_is_read_by_the_store(tmp_path: 
     assert len(store.read_trajectories("train", 0)) == 3  # appended, ART's groups kept
 
 
-def test_art_0_5_23_captured_exchanges_are_refused_by_name(tmp_path: Path) -> None:
+def test_an_art_0_5_23_exchange_that_is_not_one_is_named(tmp_path: Path) -> None:
     rows = _art_v2_rows(groups())
     data = json.loads(rows[0]["trajectory_json"])
     data["exchanges"]["chat_completions"] = [{"request": {}, "response": {}}]

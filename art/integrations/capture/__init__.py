@@ -19,6 +19,11 @@ a capture that recorded no call at all raises, naming that fix, rather than retu
 empty trajectory. How calls become conversations is described in `_assemble`; how they are
 recorded, in `art.core.recording`.
 
+ART 0.5.23's capture scope (`with art.Trajectory() as t:`, `art.trajectory(...)`) records
+through the same hooks into `t.exchanges`, in four protocols: `capture_http_client()`,
+`capture_sync_http_client()`, `capture_trace_config()` (aiohttp) and
+`capture_requests_session()` give clients that carry them (see `art.core.capture_scope`).
+
 `yield_trajectory` / `capture_yielded_trajectory` are the other ART pattern: code deep
 inside a rollout hands its finished trajectory up, instead of returning it.
 """
@@ -29,7 +34,7 @@ import inspect
 import threading
 from collections.abc import Awaitable
 from contextvars import ContextVar
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 
@@ -38,6 +43,10 @@ from ...core.recording import RecordingAsyncTransport, RecordingTransport
 from ...core.trajectories import Trajectory
 from ._assemble import conversations, fill
 from ._recorder import RecordedCall, Recorder, current_recorder, recording
+
+if TYPE_CHECKING:
+    import aiohttp
+    import requests
 
 _auto: ContextVar[Trajectory | None] = ContextVar("art_auto_trajectory", default=None)
 _yielded: ContextVar[list[Trajectory] | None] = ContextVar("art_yielded_trajectory", default=None)
@@ -109,24 +118,80 @@ async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
     return trajectory.finish()
 
 
-def capture_http_client() -> httpx.AsyncClient:
-    """An httpx client that records the chat completions sent through it inside a capture.
+# The OpenAI SDK's timeout and pool limits.
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 
-    Give it to an OpenAI client the agent makes itself, so `capture_auto_trajectory`
-    (and `art.langgraph`'s wrapped rollouts) record its calls:
-    `AsyncOpenAI(base_url=..., api_key=..., http_client=art.capture_http_client())`.
-    Every chat completion through it is recorded, whichever model it names; outside a
-    capture it is a plain client, with the OpenAI SDK's timeout and pool limits.
-    (A sync `OpenAI` client takes `httpx.Client(transport=RecordingTransport())`.)
+
+def capture_http_client() -> httpx.AsyncClient:
+    """An HTTP client that records the model calls sent through it inside a capture.
+
+    Give it to a client the agent makes itself:
+    `AsyncOpenAI(base_url=..., api_key=..., http_client=art.capture_http_client())`,
+    `AsyncAnthropic(..., http_client=...)`, LangChain's `ChatOpenAI(...,
+    http_async_client=...)`. Inside `with art.Trajectory() as t:` every Chat Completions,
+    Completions, Responses and Messages call through it is added to `t.exchanges`; inside
+    `capture_auto_trajectory` (and `art.langgraph`'s wrapped rollouts) every chat
+    completion is recorded, whichever model it names. Outside both it is a plain client,
+    with the OpenAI SDK's timeout and pool limits.
+
+    It is an httpx2 client where httpx2 is installed (the fork of httpx that OpenAI's SDK 3
+    and Anthropic's SDK 2 are built on; Anthropic's takes nothing else), else an httpx one:
+    both have httpx's API.
     """
-    # httpx's own client, not `openai.DefaultAsyncHttpxClient`: OpenAI SDK 3 builds that
-    # on its httpx2 fork, whose requests an httpx transport cannot send.
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-    return httpx.AsyncClient(
-        transport=RecordingAsyncTransport(httpx.AsyncHTTPTransport(limits=limits)),
-        timeout=httpx.Timeout(600.0, connect=5.0),
+    try:
+        import httpx2
+    except ImportError:
+        return httpx.AsyncClient(
+            transport=RecordingAsyncTransport(httpx.AsyncHTTPTransport(limits=_LIMITS)),
+            timeout=_TIMEOUT,
+            follow_redirects=True,
+        )
+    from ...core.recording_httpx2 import Httpx2RecordingAsyncTransport
+
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+    return httpx2.AsyncClient(  # type: ignore[return-value]  # httpx's API, httpx2's classes
+        transport=Httpx2RecordingAsyncTransport(httpx2.AsyncHTTPTransport(limits=limits)),
+        timeout=httpx2.Timeout(600.0, connect=5.0),
         follow_redirects=True,
     )
+
+
+def capture_sync_http_client() -> httpx.Client:
+    """The sync twin of `capture_http_client`: `OpenAI(..., http_client=...)`,
+    `Anthropic(..., http_client=...)`."""
+    try:
+        import httpx2
+    except ImportError:
+        return httpx.Client(
+            transport=RecordingTransport(httpx.HTTPTransport(limits=_LIMITS)),
+            timeout=_TIMEOUT,
+            follow_redirects=True,
+        )
+    from ...core.recording_httpx2 import Httpx2RecordingTransport
+
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+    return httpx2.Client(  # type: ignore[return-value]  # httpx's API, httpx2's classes
+        transport=Httpx2RecordingTransport(httpx2.HTTPTransport(limits=limits)),
+        timeout=httpx2.Timeout(600.0, connect=5.0),
+        follow_redirects=True,
+    )
+
+
+def capture_trace_config() -> aiohttp.TraceConfig:
+    """An aiohttp trace config recording model calls made inside a capture scope:
+    `aiohttp.ClientSession(trace_configs=[art.capture_trace_config()])`."""
+    from .aiohttp import capture_trace_config as trace_config
+
+    return trace_config()
+
+
+def capture_requests_session() -> requests.Session:
+    """A `requests.Session` recording model calls made inside a capture scope (its
+    `CaptureAdapter` mounted for http:// and https://)."""
+    from .requests import capture_requests_session as session
+
+    return session()
 
 
 def yield_trajectory(trajectory: Trajectory) -> None:
@@ -176,6 +241,9 @@ __all__ = [
     "auto_trajectory",
     "capture_auto_trajectory",
     "capture_http_client",
+    "capture_requests_session",
+    "capture_sync_http_client",
+    "capture_trace_config",
     "capture_yielded_trajectory",
     "conversations",
     "current_recorder",

@@ -12,6 +12,10 @@ as trained tokens. Any other choice starts a new sequence. Assistant turns given
 dicts are context, unless `allow_training_without_logprobs` is set: then they (and
 choices without ids) are rendered with the chat template and trained with unknown
 sampler logprobs (NaN), which makes their importance ratio 1.
+
+A captured trajectory (`exchanges`) is tokenized from its conversations as
+`art.core.exchange_histories` builds them: each sampled answer a `Choice` with its ids;
+answers from other servers stay context even with `allow_training_without_logprobs`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat.chat_completion import Choice
 
 from ...core.errors import TrainingError
-from ...core.trajectories import Trajectory, messages_of
+from ...core.exchange_histories import fill_policy_versions, histories_of
+from ...core.trajectories import History, Trajectory, messages_of
 from ...core.types import MessageOrChoice, Messages, Tool
 from ...core.validation import logprob_token_ids
 from ..chat_format import ChatRendering, render_prompt
@@ -49,6 +54,9 @@ class TrainingSequence:
     sampler_logprobs: list[float]  # NaN where not trained, or where the sampler's is unknown
     group_index: int
     trajectory_index: int
+    # True where the id is the server's own (a sampled prompt or completion), not a
+    # re-encoding of text; empty on a sequence built by hand (art.tokenize reads it).
+    exact: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class _Turn:
     completion_ids: list[int]
     logprobs: list[float]
     trained: list[bool]
+    prompt_exact: bool = False
+    completion_exact: bool = False
 
 
 @dataclass
@@ -64,11 +74,15 @@ class _Draft:
     token_ids: list[int] = field(default_factory=list)
     trained: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    exact: list[bool] = field(default_factory=list)
 
-    def add(self, ids: Sequence[int], trained: Sequence[bool], logprobs: Sequence[float]) -> None:
+    def add(
+        self, ids: Sequence[int], trained: Sequence[bool], logprobs: Sequence[float], exact: bool
+    ) -> None:
         self.token_ids.extend(ids)
         self.trained.extend(trained)
         self.logprobs.extend(logprobs)
+        self.exact.extend([exact] * len(ids))
 
 
 def tokenize_trajectory(
@@ -81,7 +95,9 @@ def tokenize_trajectory(
     allow_training_without_logprobs: bool = False,
     last_turn_only: bool = False,
 ) -> list[TrainingSequence]:
-    """The training sequences of a trajectory and of each of its additional histories.
+    """The training sequences of a trajectory and of each of its additional histories
+    (of a captured trajectory: of each conversation of its exchanges, `histories_of`,
+    whose `initial_`/`final_policy_version` are filled from them where unset).
 
     Raises `TrainingError` for a choice without token ids, unless
     `allow_training_without_logprobs`. With `last_turn_only` (SFT's
@@ -92,6 +108,14 @@ def tokenize_trajectory(
     for h, history in enumerate(trajectory.additional_histories):
         where = f"additional_histories[{h}].messages_and_choices"
         conversations.append((where, history.messages_and_choices, history.tools))
+    if trajectory.exchanges:
+        fill_policy_versions(trajectory)
+        conversations = [
+            (f"exchanges (conversation {h})", history.messages_and_choices, history.tools)
+            for h, history in enumerate(histories_of(trajectory))
+        ]
+        # Answers without token ids came from another server: context, never trained.
+        allow_training_without_logprobs = False
     sequences: list[TrainingSequence] = []
     for where, items, tools in conversations:
         context = f"group {group_index}, trajectory {trajectory_index}, {where}"
@@ -106,10 +130,39 @@ def tokenize_trajectory(
         ):
             sequences.append(
                 TrainingSequence(
-                    draft.token_ids, draft.trained, draft.logprobs, group_index, trajectory_index
+                    draft.token_ids,
+                    draft.trained,
+                    draft.logprobs,
+                    group_index,
+                    trajectory_index,
+                    draft.exact,
                 )
             )
     return sequences
+
+
+def tokenize_history(
+    history: History,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    where: str,
+    rendering: ChatRendering | None = None,
+    allow_training_without_logprobs: bool = False,
+) -> list[TrainingSequence]:
+    """The training sequences of one conversation, as `tokenize_trajectory` builds them.
+
+    `tokenizer` may be None when every trained turn carries its sampled ids (nothing is
+    rendered then).
+    """
+    drafts = _tokenize_conversation(
+        history.messages_and_choices,
+        history.tools,
+        tokenizer,  # type: ignore[arg-type]  # only read where a turn is rendered
+        rendering,
+        allow_training_without_logprobs,
+        where,
+    )
+    return [TrainingSequence(d.token_ids, d.trained, d.logprobs, 0, 0, d.exact) for d in drafts]
 
 
 def truncate(
@@ -129,6 +182,7 @@ def truncate(
             sequence.sampler_logprobs[:max_seq_length],
             sequence.group_index,
             sequence.trajectory_index,
+            sequence.exact[:max_seq_length],
         )
         if any(short.trained):
             kept.append(short)
@@ -175,8 +229,8 @@ def _tokenize_conversation(
             current = _Draft()
             drafts.append(current)
         delta = turn.prompt_ids[len(current.token_ids) :]
-        current.add(delta, [False] * len(delta), [_NAN] * len(delta))
-        current.add(turn.completion_ids, turn.trained, turn.logprobs)
+        current.add(delta, [False] * len(delta), [_NAN] * len(delta), turn.prompt_exact)
+        current.add(turn.completion_ids, turn.trained, turn.logprobs, turn.completion_exact)
     return [draft for draft in drafts if any(draft.trained)]
 
 
@@ -204,6 +258,8 @@ def _sampled_turn(choice: Choice, where: str) -> _Turn | None:
         completion_ids=list(token_ids),
         logprobs=[_NAN if value is None else float(value) for value in logprobs],
         trained=[True] * len(token_ids),
+        prompt_exact=True,
+        completion_exact=True,
     )
 
 
@@ -226,6 +282,7 @@ def _logprobs_turn(
         completion_ids=[token for token, _ in pairs],
         logprobs=[logprob for _, logprob in pairs],
         trained=[True] * len(pairs),
+        completion_exact=True,
     )
 
 
@@ -287,4 +344,4 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [int(token) for token in ids]
 
 
-__all__ = ["TrainingSequence", "tokenize_trajectory", "truncate"]
+__all__ = ["TrainingSequence", "tokenize_history", "tokenize_trajectory", "truncate"]

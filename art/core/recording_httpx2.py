@@ -1,0 +1,99 @@
+"""The recording transports for httpx2, the fork of httpx that OpenAI's SDK 3 and
+Anthropic's SDK 2 are built on.
+
+Anthropic's SDK takes only an httpx2 client, and an httpx2 client only an httpx2
+transport, so the transports of `recording` are given again on httpx2's base classes.
+What they record, and how, is `recording`'s (`_Watch`, `_Tap`): httpx2 keeps httpx's
+request, response and stream API, which those read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+
+import httpx2
+
+from .recording import ModelFilter, _aclose, _atapped, _close, _Tap, _tapped, _Watch
+
+
+class _Stream(httpx2.SyncByteStream):
+    def __init__(self, inner: Iterable[bytes], tap: _Tap) -> None:
+        self._inner, self._tap = inner, tap
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from _tapped(self._inner, self._tap)
+
+    def close(self) -> None:
+        _close(self._inner, self._tap)
+
+
+class _AsyncStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: AsyncIterable[bytes], tap: _Tap) -> None:
+        self._inner, self._tap = inner, tap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in _atapped(self._inner, self._tap):
+            yield part
+
+    async def aclose(self) -> None:
+        await _aclose(self._inner, self._tap)
+
+
+class Httpx2RecordingTransport(httpx2.BaseTransport):
+    """`recording.RecordingTransport` for httpx2 clients (the sync `Anthropic`)."""
+
+    def __init__(
+        self, inner: httpx2.BaseTransport | None = None, *, accepts: ModelFilter | None = None
+    ) -> None:
+        self._inner = inner or httpx2.HTTPTransport()
+        self._accepts = accepts
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        watch = _Watch.of(request, self._accepts)
+        try:
+            with watch.sending():
+                response = self._inner.handle_request(request)
+        except BaseException as error:
+            watch.failed(error)
+            raise
+        tap = watch.tap(response)
+        if tap is not None:
+            assert isinstance(response.stream, httpx2.SyncByteStream)
+            response.stream = _Stream(response.stream, tap)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class Httpx2RecordingAsyncTransport(httpx2.AsyncBaseTransport):
+    """`recording.RecordingAsyncTransport` for httpx2 clients (`AsyncAnthropic`)."""
+
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport | None = None,
+        *,
+        accepts: ModelFilter | None = None,
+    ) -> None:
+        self._inner = inner or httpx2.AsyncHTTPTransport()
+        self._accepts = accepts
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        watch = _Watch.of(request, self._accepts)
+        try:
+            with watch.sending():
+                response = await self._inner.handle_async_request(request)
+        except BaseException as error:
+            watch.failed(error)
+            raise
+        tap = watch.tap(response)
+        if tap is not None:
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            response.stream = _AsyncStream(response.stream, tap)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+__all__ = ["Httpx2RecordingAsyncTransport", "Httpx2RecordingTransport"]
