@@ -37,10 +37,10 @@ _CAPTURE_INTERNAL = (
 )
 
 _EXCHANGES = (
-    "part of ART 0.5.23's trajectory model (its tokenize and tensorize, typed histories "
-    "and compact forms) not built yet; calls are captured with `with art.Trajectory() as "
-    "t:` into t.exchanges, through a client given http_client=art.capture_http_client() "
-    "(or model.openai_client()), or recorded inside art.capture_auto_trajectory(...)"
+    "part of ART 0.5.23's trajectory model not built here: its typed per-protocol "
+    "histories, compact forms and multi-history tokenization; trajectory.histories() "
+    "gives each captured conversation as an art.trajectories.History, and art.tokenize / "
+    "art.tensorize tokenize single-history trajectories"
 )
 
 _MEGATRON = (
@@ -251,25 +251,16 @@ REFUSED_NAMES: dict[str, str] = {
         ]
     },
     **{
-        f"art.trajectories.{name}": (
-            f"ART's second import path for {name}; here it is art.{name} "
-            "(single-history trajectories, on the trainer's tokenization)"
-        )
-        for name in ["tensorize", "tokenize"]
-    },
-    **{
         f"art.trajectories.{name}": _EXCHANGES
         for name in [
             "AnthropicMessageSource",
             "AnthropicMessagesHistory",
-            "ChatCompletionsExchange",
             "ChatCompletionsHistory",
             "ChatCompletionsMessageSource",
             "ChatCompletionsRequest",
             "CompactDumpable",
             "CompactTrajectoryKind",
             "CompactTrajectoryPayload",
-            "CompletionsExchange",
             "CompletionsRequest",
             "CompletionsSource",
             "CompletionsStringHistory",
@@ -277,25 +268,15 @@ REFUSED_NAMES: dict[str, str] = {
             "CompletionsTokenHistory",
             "CompletionsTokenSourceSpan",
             "LegacyHistory",
-            "MessagesExchange",
             "MessagesRequest",
-            "ResponsesExchange",
             "ResponsesHistory",
             "ResponsesItemSource",
             "ResponsesRequest",
-            "TensorizedHistory",
             "TensorizedMultiHistoryTrajectory",
             "TensorizedTopK",
-            "TensorizedTrajectory",
-            "TensorizedTrajectoryGroup",
-            "TokenFlag",
-            "TokenizedHistory",
             "TokenizedMultiHistoryTrajectory",
             "TokenizedTopK",
-            "TokenizedTrajectory",
-            "TokenizedTrajectoryGroup",
             "Tokenizer",
-            "TrajectoryExchanges",
             "TrajectoryHistory",
             "compact_dump",
             "compact_memory",

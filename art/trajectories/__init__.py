@@ -4,6 +4,22 @@ from typing import Any
 
 from .._refusals import refused_name
 from ..core.capture_scope import current_trajectory, no_capture, trajectory, trajectory_group
+from ..core.exchanges import (
+    ChatCompletionsExchange,
+    CompletionsExchange,
+    MessagesExchange,
+    ResponsesExchange,
+    TrajectoryExchanges,
+)
+from ..core.tokenized import (
+    TensorizedHistory,
+    TensorizedTrajectory,
+    TensorizedTrajectoryGroup,
+    TokenFlag,
+    TokenizedHistory,
+    TokenizedTrajectory,
+    TokenizedTrajectoryGroup,
+)
 from ..core.trajectories import (
     History,
     MetadataValue,
@@ -15,18 +31,36 @@ from ..core.trajectories import messages_of as get_messages
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("tokenize", "tensorize"):  # the model service's tokenization: loaded on use
+        from ..runtime import art_tokenize
+
+        return getattr(art_tokenize, name)
     return refused_name(__name__, name)
 
 
 __all__ = [
+    "ChatCompletionsExchange",
+    "CompletionsExchange",
     "History",
+    "MessagesExchange",
     "MetadataValue",
     "PydanticException",
+    "ResponsesExchange",
+    "TensorizedHistory",
+    "TensorizedTrajectory",
+    "TensorizedTrajectoryGroup",
+    "TokenFlag",
+    "TokenizedHistory",
+    "TokenizedTrajectory",
+    "TokenizedTrajectoryGroup",
     "Trajectory",
+    "TrajectoryExchanges",
     "TrajectoryGroup",
     "current_trajectory",
     "get_messages",
     "no_capture",
+    "tensorize",
+    "tokenize",
     "trajectory",
     "trajectory_group",
 ]
