@@ -394,6 +394,19 @@ async def test_an_unknown_model_is_a_404_naming_it(routes: Routes) -> None:
     assert not_json.json()["error"]["param"] == "body"
 
 
+async def test_a_server_writing_token_ids_writes_them_unless_a_request_says_otherwise(
+    routes: Routes,
+) -> None:
+    # `art run` serves with tokens_as_ids, as ART's vLLM server does, for every protocol.
+    transport = httpx.ASGITransport(app=build_app(routes, api_key=None, tokens_as_ids=True))
+    async with httpx.AsyncClient(transport=transport, base_url="http://fake/v1") as http:
+        asked = {"model": "base", "prompt": [2, 3], "logprobs": 0}
+        default = await http.post("/completions", json=asked)
+        text = await http.post("/completions", json=asked | {"return_tokens_as_token_ids": False})
+    assert default.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:4", "token_id:8"]
+    assert text.json()["choices"][0]["logprobs"]["tokens"] == ["a", "cat"]
+
+
 async def test_a_failed_generation_releases_the_route_once(tokenizer: Any, routes: Routes) -> None:
     def broken(request: FakeRequest) -> list[Sample]:
         raise RuntimeError("the engine broke")

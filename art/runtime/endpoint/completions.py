@@ -91,7 +91,7 @@ class CompletionRequest(BaseModel):
     # vLLM's extensions: the tokenizer's special tokens around a text prompt, and logprob
     # tokens written `token_id:N` so the sampled ids survive a client that rebuilds them.
     add_special_tokens: bool = True
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None  # None: the server's default
 
     @model_validator(mode="before")
     @classmethod
@@ -291,14 +291,22 @@ def _params(body: CompletionRequest, route: Route, ids: list[int], param: str) -
     )
 
 
-def add_completions_route(app: FastAPI, router: Router, max_body_bytes: Callable[[], int]) -> None:
-    """Serve `POST /v1/completions` on `app` for `router`'s models."""
+def add_completions_route(
+    app: FastAPI, router: Router, max_body_bytes: Callable[[], int], *, tokens_as_ids: bool = False
+) -> None:
+    """Serve `POST /v1/completions` on `app` for `router`'s models.
+
+    `tokens_as_ids`: logprob tokens are written `token_id:N` unless a request says
+    otherwise, as for chat completions (`build_app`).
+    """
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> JSONResponse | StreamingResponse:
         raw = await read_body(request, max_body_bytes())
         body = await asyncio.to_thread(parse_completion_request, raw)
         del raw  # a large body is not kept alive while the request decodes
+        if body.return_tokens_as_token_ids is None:
+            body.return_tokens_as_token_ids = tokens_as_ids
         try:
             route = await asyncio.to_thread(router.route, body.model)
         except KeyError as error:

@@ -169,7 +169,7 @@ def build_app(router: Router, api_key: str | None, *, tokens_as_ids: bool = Fals
             if not streaming:
                 route.release()
 
-    add_completions_route(app, router, max_body_bytes)
+    add_completions_route(app, router, max_body_bytes, tokens_as_ids=tokens_as_ids)
     add_responses_route(app, router, max_body_bytes)
     add_messages_route(app, router, max_body_bytes)
     return app
