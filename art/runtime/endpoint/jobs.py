@@ -1,29 +1,72 @@
 """A request made ready for the engine, and run on it: the part every protocol shares.
 
-Each route (chat completions, completions, responses, messages) reads its own protocol
-into a `ChatCompletionRequest`-shaped body where it is a chat, then `ready_job` renders the
-prompt, applies the tool policy and compiles the grammar (off the event loop), and
-`run_job` samples, cancelled as soon as the client disconnects. Bad input raises
-`ApiError`, which each route answers in its protocol's error shape.
+Each route (chat completions, completions, responses, messages) reads its body (the last
+three with `read_request`), finds its model's route (`find_route`) and releases it once
+(`once`), and reads its own protocol into a `ChatCompletionRequest`-shaped body where it is
+a chat; then `ready_job` renders the prompt, applies the tool policy and compiles the
+grammar (off the event loop), and `run_job` samples, cancelled as soon as the client
+disconnects. Bad input raises `ApiError`, which each route answers in its protocol's error
+shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 
 from ..chat_format import render_prompt
 from ..engines.base import Sample, SamplingParams
 from ..engines.structured import Grammar, GrammarError, Grammars
-from .request import ApiError, ChatCompletionRequest, log_rejected
+from .request import ApiError, ChatCompletionRequest, log_rejected, read_body
 from .response import Job, Route
 
+if TYPE_CHECKING:
+    from .server import Router
+
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
+
+Parsed = TypeVar("Parsed")
+
+
+async def read_request(
+    request: Request, max_body_bytes: int, parse: Callable[[bytes], Parsed]
+) -> Parsed:
+    """The body of `request` (a 413 past `max_body_bytes`), parsed by `parse` in a worker
+    thread; the raw bytes are not kept alive while the request decodes."""
+    raw = await read_body(request, max_body_bytes)
+    return await asyncio.to_thread(parse, raw)
+
+
+async def find_route(router: Router, model: str) -> Route:
+    """`router`'s route for `model` (looked up in a worker thread), or a 404 naming it."""
+    try:
+        return await asyncio.to_thread(router.route, model)
+    except KeyError as error:
+        raise ApiError(404, str(error.args[0]), param="model", code="model_not_found") from error
+
+
+def once(release: Callable[[], None]) -> Callable[[], None]:
+    """`release`, run on the first call only: a streamed request ends two ways (its stream
+    closes, and a background task runs for a stream that never started), and Starlette
+    runs a sync background task on a worker thread."""
+    lock = threading.Lock()
+    done = False
+
+    def release_once() -> None:
+        nonlocal done
+        with lock:
+            if done:
+                return
+            done = True
+        release()
+
+    return release_once
 
 
 async def ready_job(body: ChatCompletionRequest, route: Route) -> Job:
@@ -100,24 +143,8 @@ def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
     except Exception as error:  # a template that cannot render these messages
         raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error
     prompt_ids: list[int] = route.tokenizer(text + prefill, add_special_tokens=False).input_ids
-    room = route.context_length - len(prompt_ids)
-    if room < 1:
-        raise ApiError(
-            400,
-            f"messages: the prompt has {len(prompt_ids)} tokens; the model's context is "
-            f"{route.context_length}",
-            param="messages",
-            code="context_length_exceeded",
-        )
     asked = body.max_completion_tokens or body.max_tokens
-    if asked is not None and asked > room:
-        raise ApiError(
-            400,
-            f"max_tokens: {asked} does not fit: the prompt has {len(prompt_ids)} tokens and the "
-            f"context is {route.context_length}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+    room = room_for(route, prompt_ids, "messages", asked)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
         max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
@@ -128,6 +155,30 @@ def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
         top_logprobs=body.top_logprobs or 0,
     )
     return Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
+
+
+def room_for(route: Route, prompt_ids: list[int], param: str, asked: int | None) -> int:
+    """The tokens `route`'s context has room for after `prompt_ids` (sent as `param`); a
+    400 if the prompt fills the context, or if `asked` (the request's `max_tokens`) does
+    not fit in it."""
+    room = route.context_length - len(prompt_ids)
+    if room < 1:
+        raise ApiError(
+            400,
+            f"{param}: the prompt has {len(prompt_ids)} tokens; the model's context is "
+            f"{route.context_length}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"max_tokens: {asked} does not fit: the prompt has {len(prompt_ids)} tokens and the "
+            f"context is {route.context_length}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return room
 
 
 def _grammar(body: ChatCompletionRequest, route: Route, job: Job) -> Grammar | None:
@@ -203,4 +254,14 @@ def _tools_grammar(
         raise ApiError(400, f"{param}: not a usable JSON schema: {error}", param=param) from error
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "ClientGone", "prepare_job", "ready_job", "run_job"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "ClientGone",
+    "find_route",
+    "once",
+    "prepare_job",
+    "read_request",
+    "ready_job",
+    "room_for",
+    "run_job",
+]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -30,6 +30,8 @@ MAX_SEED = 2**63 - 1
 # and long tokens leave a prompt that fills the context well under this.
 BODY_BYTES_PER_TOKEN = 64
 MIN_BODY_BYTES = 1024 * 1024
+
+Body = TypeVar("Body", bound=BaseModel)  # a request schema
 
 
 class ApiError(Exception):
@@ -141,11 +143,7 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and (len(stop) > 4 or not all(stop)):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        if stop == "":
-            raise ValueError("stop must not be empty")
-        return stop
+        return check_stop(stop)
 
     @field_validator("response_format")
     @classmethod
@@ -161,6 +159,15 @@ class ChatCompletionRequest(BaseModel):
                 'json_schema needs {"name": ..., "schema": {a JSON schema object}, "strict": true}'
             )
         return value
+
+
+def check_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    """`stop` if OpenAI takes it: a non-empty string, or at most 4 of them."""
+    if isinstance(stop, list) and (len(stop) > 4 or not all(stop)):
+        raise ValueError("stop takes at most 4 non-empty strings")
+    if stop == "":
+        raise ValueError("stop must not be empty")
+    return stop
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -195,6 +202,11 @@ def _too_large(size: int, max_bytes: int) -> ApiError:
 
 def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
     """The validated request in `raw` (a JSON body), or a 400 naming the bad value."""
+    return parse_body(raw, ChatCompletionRequest)
+
+
+def parse_body(raw: bytes, schema: type[Body]) -> Body:
+    """`raw`, a JSON object, validated as `schema`; or a 400 naming the bad value."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -204,7 +216,7 @@ def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
     if not isinstance(data, dict):
         raise ApiError(400, "body: the request body must be a JSON object", param="body")
     try:
-        return ChatCompletionRequest.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as error:
         raise validation_error(error.errors()) from error
 
@@ -259,8 +271,10 @@ def _is_type_name(part: int | str) -> bool:
 __all__ = [
     "ApiError",
     "ChatCompletionRequest",
+    "check_stop",
     "error_protocol",
     "log_rejected",
+    "parse_body",
     "parse_chat_request",
     "read_body",
     "validation_error",

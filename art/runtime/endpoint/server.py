@@ -1,8 +1,8 @@
 """The model endpoint over HTTP: the app, its auth, its error answers and its routes.
 
 Four protocols on the same engines, grammars and routing: Chat Completions
-(`/v1/chat/completions`, here), Completions (`completions.py`), Responses
-(`responses.py`) and Anthropic's Messages (`messages.py`); `/v1/models` lists what is
+(`/v1/chat/completions`, here), Completions (`completions/`), Responses
+(`responses/`) and Anthropic's Messages (`messages/`); `/v1/models` lists what is
 served. The chat request schema and its errors are in `request.py`, its answers in
 `response.py`, and what every protocol shares (rendering, tool policy, grammar, running
 the engine) in `jobs.py`. Bad requests get a 4xx naming the parameter, in the protocol's
