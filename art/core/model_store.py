@@ -1,7 +1,8 @@
 """The on-disk layout every backend uses: `<path>/<project>/models/<name>/`.
 
     model.json                               the model's registration
-    history.jsonl                            one metrics row per log/train call
+    history.jsonl                            one metrics row per log/train call, keyed by
+                                             ART's metric taxonomy (`history_keys.py`)
     trajectories/{split}/{step:04d}.parquet  every logged trajectory, lossless
     checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from .atomic import atomic_path, replace_dir_atomic, write_text_atomic
 from .errors import ConfigError
+from .history_keys import TRAINING_STEP_KEY, migrate_history_row
 from .log_checks import SPLIT_NAME, check_logged_groups, check_metrics, check_split
 from .trajectories import TrajectoryGroup
 from .writer_lock import WriterLock, take_writer_lock
@@ -155,22 +157,29 @@ class ModelStore:
         return self.dir / "history.jsonl"
 
     def read_history(self) -> list[dict[str, Any]]:
+        """Every row, in order, under this version's key names: a row written before
+        history keys took ART's taxonomy is renamed as it is read (the file is untouched)."""
         if not self.history_path.exists():
             return []
         rows = []
         for line in self.history_path.read_text(encoding="utf-8").splitlines():
             if line.strip():
-                rows.append(json.loads(line))
+                rows.append(migrate_history_row(json.loads(line)))
         return rows
 
     def append_history(
         self, step: int, metrics: Mapping[str, float | int | bool]
     ) -> dict[str, Any]:
-        """Add one row; the file is rewritten whole and renamed, so a crash loses no rows."""
+        """Add one row; the file is rewritten whole and renamed, so a crash loses no rows.
+
+        The row holds `step`, `recorded_at` and, as ART's rows do, `training_step` (the
+        same step: the x-axis W&B plots every metric against).
+        """
         check_metrics(metrics)
         row: dict[str, Any] = {
             "step": step,
             "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            TRAINING_STEP_KEY: step,
         }
         for key, value in metrics.items():
             if isinstance(value, float) and not math.isfinite(value):
