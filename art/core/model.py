@@ -22,6 +22,7 @@ from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
+from .history_keys import batch_keys, qualify_metric_key
 from .log_checks import check_metrics, check_split
 from .metrics import group_costs, group_metrics
 from .metrics_builder import MetricsBuilder
@@ -240,8 +241,10 @@ class Model(ConfigModel):
         """Store trajectories (and/or extra metrics) under `split` for the current step.
 
         The Parquet file of the step holds every message, tool call, reward and metric;
-        `history.jsonl` gets one row of `split/`-prefixed averages, `exception_rate`
-        included. A model with no backend registered writes them under `base_path`, as
+        `history.jsonl` gets one row named as ART names it (`history_keys`): the averages
+        under the split (`val/reward`, `val/exception_rate`, `val/group/<metric>`), the
+        batch's counts as `val/data/step_*` (`data/step_*` for `train`), and each of
+        `metrics` under the split unless it names a section or split (`loss/...`). A model with no backend registered writes them under `base_path`, as
         ART does (a trainable one then needs `step=`).
         """
         backend = self._log_backend()
@@ -252,25 +255,18 @@ class Model(ConfigModel):
                 "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
             )
         check_metrics(metrics or {})
-        row = group_metrics(groups) if groups else {}
+        row = batch_keys(split, group_metrics(groups)) if groups else {}
         costs = group_costs(groups)
         for key, value in (metrics or {}).items():
             if key.startswith("costs/"):  # summed by the builder, as ART's model.log does
                 costs[key] = costs.get(key, 0.0) + float(value)
             else:
-                row[key] = value
+                row[qualify_metric_key(key, split)] = value
         builder = self._metrics_builder_for_split(split)
         for key, value in costs.items():
             builder.add_cost(key.removeprefix("costs/"), value)
         step = await self.get_step() if step is None else step
-        await record(
-            backend,
-            self,
-            groups,
-            split,
-            step,
-            {f"{split}/{key}": value for key, value in row.items()},
-        )
+        await record(backend, self, groups, split, step, row)
 
     def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
         """This model's `MetricsBuilder` (`art.metrics`), or its view for `cost_context`.
@@ -510,8 +506,9 @@ class TrainableModel(Model):
         """Take one GRPO step on `trajectory_groups`; the next rollouts use the new weights.
 
         The groups are logged under the `train` split first; then the backend trains and
-        saves checkpoint `step + 1`; then one `train/` row (rewards, exception_rate, loss,
-        grad_norm, entropy, tokens, seconds) is added to `history.jsonl`. Groups whose
+        saves checkpoint `step + 1`; then one row at `step` (`train/reward`, `loss/train`,
+        `loss/grad_norm`, `data/step_*`, `time/step_backend_train_s`, ...: ART's names) is
+        added to `history.jsonl`. Groups whose
         rewards are all equal teach nothing and are skipped, but the step still advances.
         """
         await run_step(self, trajectory_groups, config=config, dev_config=_config, verbose=verbose)
@@ -532,7 +529,7 @@ class TrainableModel(Model):
         trajectory is checked before any step runs (`SFTDataError` names each bad one).
         The same LoRA adapter RL trains is trained, saved as checkpoint `step + 1` and
         served at once, so `model.train` continues from it. `history.jsonl` gets one
-        `train_sft/` row per batch (loss, tokens, learning_rate, seconds), none with
+        `sft/` row per batch (`sft/loss/train`, `sft/gradient_step`, tokens, seconds), none with
         `log_metrics=False`. `config.assistant_turns="last"` trains only each
         trajectory's final message (the assistant's), the turns before it context. The
         trajectories are read once, as they come: a generator need not fit in memory.

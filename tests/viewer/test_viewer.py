@@ -245,8 +245,8 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
     )
     assert set(metrics) == set(points)
     assert metrics[0] == "train/reward"
-    assert {"train/loss", "train/grad_norm", "train/exception_rate"} <= set(metrics)
-    assert points["train/loss"] == 2
+    assert {"loss/train", "loss/grad_norm", "train/exception_rate"} <= set(metrics)
+    assert points["loss/train"] == 2
     assert count(dom, "point") == sum(points.values())  # a circle per value
     assert count(dom, "line") == sum(1 for n in points.values() if n > 1)  # a path per curve
     assert count(dom, "group-row") == 0  # the browser is another view, not drawn yet
