@@ -22,11 +22,18 @@ sent through these transports is also traced, inside the current rollout's trace
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+)
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -251,6 +258,53 @@ class _Watch:
         return _tap(response, self.claim, self.trace, _responded(response, self.exchange))
 
 
+R = TypeVar("R")  # httpx's or httpx2's Response
+
+
+def record(
+    request: Any,
+    accepts: ModelFilter | None,
+    send: Callable[[Any], R],
+    wrap: Callable[[Any, _Tap], object],
+) -> R:
+    """`send(request)`, its answer's body watched through `wrap` where anything records it.
+
+    Shared by httpx's and httpx2's transports (`recording_httpx2`): the same API, their own
+    classes.
+    """
+    watch = _Watch.of(request, accepts)
+    try:
+        with watch.sending():
+            response = send(request)
+    except BaseException as error:
+        watch.failed(error)
+        raise
+    tap = watch.tap(response)
+    if tap is not None:
+        response.stream = wrap(response.stream, tap)  # type: ignore[attr-defined]
+    return response
+
+
+async def arecord(
+    request: Any,
+    accepts: ModelFilter | None,
+    send: Callable[[Any], Awaitable[R]],
+    wrap: Callable[[Any, _Tap], object],
+) -> R:
+    """The async twin of `record`."""
+    watch = _Watch.of(request, accepts)
+    try:
+        with watch.sending():
+            response = await send(request)
+    except BaseException as error:
+        watch.failed(error)
+        raise
+    tap = watch.tap(response)
+    if tap is not None:
+        response.stream = wrap(response.stream, tap)  # type: ignore[attr-defined]
+    return response
+
+
 class _RecordingStream(httpx.SyncByteStream):
     def __init__(self, inner: Iterable[bytes], tap: _Tap) -> None:
         self._inner, self._tap = inner, tap
@@ -318,18 +372,7 @@ class RecordingTransport(httpx.BaseTransport):
         self._accepts = accepts
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        watch = _Watch.of(request, self._accepts)
-        try:
-            with watch.sending():
-                response = self._inner.handle_request(request)
-        except BaseException as error:
-            watch.failed(error)
-            raise
-        tap = watch.tap(response)
-        if tap is not None:
-            assert isinstance(response.stream, httpx.SyncByteStream)
-            response.stream = _RecordingStream(response.stream, tap)
-        return response
+        return record(request, self._accepts, self._inner.handle_request, _RecordingStream)
 
     def close(self) -> None:
         self._inner.close()
@@ -345,18 +388,8 @@ class RecordingAsyncTransport(httpx.AsyncBaseTransport):
         self._accepts = accepts
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        watch = _Watch.of(request, self._accepts)
-        try:
-            with watch.sending():
-                response = await self._inner.handle_async_request(request)
-        except BaseException as error:
-            watch.failed(error)
-            raise
-        tap = watch.tap(response)
-        if tap is not None:
-            assert isinstance(response.stream, httpx.AsyncByteStream)
-            response.stream = _RecordingAsyncStream(response.stream, tap)
-        return response
+        send = self._inner.handle_async_request
+        return await arecord(request, self._accepts, send, _RecordingAsyncStream)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 
 import httpx2
 
-from .recording import ModelFilter, _aclose, _atapped, _close, _Tap, _tapped, _Watch
+from .recording import ModelFilter, _aclose, _atapped, _close, _Tap, _tapped, arecord, record
 
 
 class _Stream(httpx2.SyncByteStream):
@@ -49,18 +49,7 @@ class Httpx2RecordingTransport(httpx2.BaseTransport):
         self._accepts = accepts
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        watch = _Watch.of(request, self._accepts)
-        try:
-            with watch.sending():
-                response = self._inner.handle_request(request)
-        except BaseException as error:
-            watch.failed(error)
-            raise
-        tap = watch.tap(response)
-        if tap is not None:
-            assert isinstance(response.stream, httpx2.SyncByteStream)
-            response.stream = _Stream(response.stream, tap)
-        return response
+        return record(request, self._accepts, self._inner.handle_request, _Stream)
 
     def close(self) -> None:
         self._inner.close()
@@ -79,18 +68,7 @@ class Httpx2RecordingAsyncTransport(httpx2.AsyncBaseTransport):
         self._accepts = accepts
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        watch = _Watch.of(request, self._accepts)
-        try:
-            with watch.sending():
-                response = await self._inner.handle_async_request(request)
-        except BaseException as error:
-            watch.failed(error)
-            raise
-        tap = watch.tap(response)
-        if tap is not None:
-            assert isinstance(response.stream, httpx2.AsyncByteStream)
-            response.stream = _AsyncStream(response.stream, tap)
-        return response
+        return await arecord(request, self._accepts, self._inner.handle_async_request, _AsyncStream)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -24,6 +24,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolM
 from langchain_core.outputs import LLMResult
 
 from ...core.capture_scope import current_trajectory
+from ...core.exchange_capture import append_exchange
 from ...core.exchanges import MessagesExchange, utc_now
 
 # Fields LangChain adds to what the model answered; not part of the protocol's answer.
@@ -81,7 +82,7 @@ class CaptureCallback(AsyncCallbackHandler):
         except ValueError as error:
             trajectory.log(f"capture: a ChatAnthropic answer could not be read: {error}")
             return
-        trajectory.exchanges.add(exchange)
+        append_exchange(trajectory, exchange)
 
     async def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._started.pop(run_id, None)
