@@ -420,8 +420,8 @@ class TrainableModel(Model):
 
     trainable: bool = True
     base_model: str
-    # ART 0.5.23's: the run's durable name (its checkpoints, its W&B run), with `name` the
-    # name it is served under. Here both are `name`: None takes it, another is refused.
+    # ART 0.5.23's: the run's durable name (its directory, checkpoints and W&B run), with
+    # `name` the alias it is served under. None takes `name`.
     run_name: str | None = Field(default=None, validate_default=True)
     # ART 0.5.23's adapter settings (`art.dev.LoRAConfig`), read into _internal_config by
     # `dev.with_lora_config`, which names an unknown key with the keys there are.
@@ -472,15 +472,18 @@ class TrainableModel(Model):
 
     @field_validator("run_name")
     @classmethod
-    def _run_name_is_name(cls, value: str | None, info: ValidationInfo) -> str | None:
-        name = info.data.get("name")
-        if value is None or value == name:
-            return name
-        raise ValueError(
-            f"{value!r} differs from name {name!r}: this version stores, serves and reports "
-            "a model under one name (ART 0.5.23 stores under run_name and serves under name); "
-            f"give run_name={name!r}, or leave it out"
-        )
+    def _run_name_or_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return cast(str | None, info.data.get("name"))
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"run_name {value!r} is not a valid name. {_NAME_FIX}")
+        return value
+
+    @property
+    def storage_name(self) -> str:
+        """`run_name`: the run's directory, checkpoints and W&B run; `name` is the alias
+        the backend serves it under (`name`, `name@step`)."""
+        return self.run_name or self.name
 
     @model_validator(mode="wrap")
     @classmethod

@@ -356,7 +356,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 f"needs a backend that stores checkpoints on this machine; {type(self.backend).__name__} does not",
                 "Leave it None and call model.delete_checkpoints()",
             )
-        store = ModelStore(path, self.model.project, self.model.name)
+        store = ModelStore(path, self.model.project, self.model.storage_name)
         lag = self.max_steps_off_policy if self.max_steps_off_policy is not None else step
         protected = set(range(max(step - lag, 0), step + 1)) | self._pending_eval_steps()
         eligible = await asyncio.to_thread(eligible_checkpoints, store, protected)
@@ -576,7 +576,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         path = getattr(self.backend, "path", None)  # a backend that stores on this machine
         if not isinstance(path, str):
             return None
-        return ModelStore(path, self.model.project, self.model.name).dir / STATE_FILE
+        return ModelStore(path, self.model.project, self.model.storage_name).dir / STATE_FILE
 
     def _save_state(self) -> None:
         path = self._state_path()
