@@ -239,10 +239,6 @@ REFUSED_NAMES: dict[str, str] = {
         "ART's internal field of dev.TrainSFTConfig; to train without logging, call "
         "model.train_sft(..., log_metrics=False)"
     ),
-    "art.model.METRICS_BUILDER_STATE_KEY": (
-        "ART keeps the metrics builder's running totals under this key of the model's "
-        "state; here they live in the process: model.metrics_builder().state_dict()"
-    ),
     **{
         f"art.model.{name}": _HISTORY_NAMES
         for name in [

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,6 +29,7 @@ from .history_keys import batch_keys, qualify_metric_key
 from .log_checks import check_metrics, check_split
 from .metrics import group_costs, group_metrics
 from .metrics_builder import MetricsBuilder
+from .model_store import METRICS_BUILDER_STATE_KEY, ModelStore
 from .protocol_backend import ProtocolBackend
 from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
 # Names become directory names, and '@' separates a model from a step in inference names.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+# Serializes state.json writes in this process (a lock per model would not pickle).
+_STATE_WRITES = threading.Lock()
 
 
 class Model(ConfigModel):
@@ -76,6 +82,8 @@ class Model(ConfigModel):
     _metrics_builder: MetricsBuilder = PrivateAttr(
         default_factory=lambda: MetricsBuilder(cost_context="train")
     )
+    # Whether the builder's running totals stored with the model were read (once).
+    _metrics_state_read: bool = PrivateAttr(default=False)
 
     @field_validator("name", "project")
     @classmethod
@@ -95,6 +103,17 @@ class Model(ConfigModel):
                     "WANDB_API_KEY is set"
                 )
         return value
+
+    @property
+    def storage_name(self) -> str:
+        """The model's durable name: its directory `<path>/<project>/models/<storage_name>/`,
+        its checkpoints and its W&B run. `name` for a `Model`; a `TrainableModel`'s
+        `run_name` (ART 0.5.23's), which is its `name` unless given."""
+        return self.name
+
+    def _storage_name(self) -> str:
+        """ART 0.5.23's spelling of `storage_name`, which ART's backends call."""
+        return self.storage_name
 
     # --- wiring ----------------------------------------------------------------------
 
@@ -125,6 +144,7 @@ class Model(ConfigModel):
         self._backend = driven
         if endpoint is not None:
             self._use_endpoint(endpoint)
+        await asyncio.to_thread(self._read_metrics_state)
 
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
@@ -295,6 +315,32 @@ class Model(ConfigModel):
         running totals under ART's `costs/...` names), emptied for the next step."""
         return await self._metrics_builder_for_split(split).flush()
 
+    def _state_store(self) -> ModelStore:
+        """Where the model's state lives: the store of its backend on this machine (a
+        LocalBackend's `path`, a ServerlessBackend's local copy), else `base_path`'s."""
+        path = getattr(self._backend, "path", None)
+        if not isinstance(path, str | os.PathLike):
+            path = self.base_path
+        return ModelStore(path, self.project, self.storage_name)
+
+    def _read_metrics_state(self) -> None:
+        """Continue the running totals (`costs/cum/...`) stored with the model by an
+        earlier process, as ART does; once per object, and only into a builder that has
+        no totals of its own yet."""
+        if self._metrics_state_read:
+            return
+        self._metrics_state_read = True
+        saved = self._state_store().read_state().get(METRICS_BUILDER_STATE_KEY)
+        if isinstance(saved, dict):
+            self._metrics_builder._continue_totals(saved)
+
+    def _write_metrics_state(self) -> None:
+        """Store the builder's running totals under ART's key of the model's `state.json`."""
+        with _STATE_WRITES:  # the snapshot and its write together: the newest one wins
+            self._state_store().merge_state(
+                {METRICS_BUILDER_STATE_KEY: self._metrics_builder.state_dict()}
+            )
+
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward"
     ) -> list[int] | None:
@@ -370,8 +416,8 @@ class TrainableModel(Model):
 
     trainable: bool = True
     base_model: str
-    # ART 0.5.23's: the run's durable name (its checkpoints, its W&B run), with `name` the
-    # name it is served under. Here both are `name`: None takes it, another is refused.
+    # ART 0.5.23's: the run's durable name (its directory, checkpoints and W&B run), with
+    # `name` the alias it is served under. None takes `name`.
     run_name: str | None = Field(default=None, validate_default=True)
     # ART 0.5.23's adapter settings (`art.dev.LoRAConfig`), read into _internal_config by
     # `dev.with_lora_config`, which names an unknown key with the keys there are.
@@ -422,15 +468,18 @@ class TrainableModel(Model):
 
     @field_validator("run_name")
     @classmethod
-    def _run_name_is_name(cls, value: str | None, info: ValidationInfo) -> str | None:
-        name = info.data.get("name")
-        if value is None or value == name:
-            return name
-        raise ValueError(
-            f"{value!r} differs from name {name!r}: this version stores, serves and reports "
-            "a model under one name (ART 0.5.23 stores under run_name and serves under name); "
-            f"give run_name={name!r}, or leave it out"
-        )
+    def _run_name_or_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return cast(str | None, info.data.get("name"))
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"run_name {value!r} is not a valid name. {_NAME_FIX}")
+        return value
+
+    @property
+    def storage_name(self) -> str:
+        """`run_name`: the run's directory, checkpoints and W&B run; `name` is the alias
+        the backend serves it under (`name`, `name@step`)."""
+        return self.run_name or self.name
 
     @model_validator(mode="wrap")
     @classmethod

@@ -3,6 +3,8 @@
     model.json                               the model's registration
     history.jsonl                            one metrics row per log/train call, keyed by
                                              ART's metric taxonomy (`history_keys.py`)
+    state.json                               ART's model state: the metrics builder's
+                                             running totals (`costs/cum/...`)
     trajectories/{split}/{step:04d}.parquet  every logged trajectory, lossless
     checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
 
@@ -33,6 +35,8 @@ from .trajectories import TrajectoryGroup
 from .writer_lock import WriterLock, take_writer_lock
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
+# ART's key of the metrics builder's running totals in the model's state.json.
+METRICS_BUILDER_STATE_KEY = "_metrics_builder_state"
 
 
 class ModelStore:
@@ -64,6 +68,26 @@ class ModelStore:
 
     def write_model(self, data: Mapping[str, Any]) -> None:
         write_text_atomic(self.model_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    # --- state (ART's `state.json`) -------------------------------------------------------
+
+    @property
+    def state_json(self) -> Path:
+        return self.dir / "state.json"
+
+    def read_state(self) -> dict[str, Any]:
+        """The model's state (ART's `model.read_state()`); {} where there is none."""
+        try:
+            text = self.state_json.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        loaded = json.loads(text)
+        return loaded if isinstance(loaded, dict) else {}
+
+    def merge_state(self, update: Mapping[str, Any]) -> None:
+        """Set `update`'s top-level keys in the state, keeping the others (an atomic write)."""
+        state = self.read_state() | dict(update)
+        write_text_atomic(self.state_json, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
     # --- the writer lock ----------------------------------------------------------------
 
@@ -331,4 +355,10 @@ def _fingerprint(group: TrajectoryGroup) -> str:
     return json.dumps(group.model_dump(mode="json"), sort_keys=True)
 
 
-__all__ = ["ModelStore", "fork_checkpoint", "list_models", "list_projects"]
+__all__ = [
+    "METRICS_BUILDER_STATE_KEY",
+    "ModelStore",
+    "fork_checkpoint",
+    "list_models",
+    "list_projects",
+]

@@ -24,6 +24,7 @@ made: a step's `train/reward` and its loss then share a row, and a checkpoint's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -169,8 +170,10 @@ async def record(
     The row takes what the model's `MetricsBuilder` holds for `split` (the step's
     `costs/...` and their running totals), which starts the next step empty.
     """
+    await asyncio.to_thread(model._read_metrics_state)  # a model logged unregistered
     metrics = metrics | await model._flush_step_metrics(split)
     await backend.log(model, groups, split=split, step=step, metrics=metrics)
+    await asyncio.to_thread(model._write_metrics_state)  # totals continue after a restart
     observe.history_row(model, step, metrics)
 
 

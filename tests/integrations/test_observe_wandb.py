@@ -112,6 +112,31 @@ def test_offline_run_gets_every_history_row_at_its_step_and_the_next_process_res
     assert "*" not in axes  # one catch-all would give sft/ the wrong axis
 
 
+def test_a_runs_w_and_b_run_is_named_by_its_run_name_as_in_art(tmp_path: Path) -> None:
+    art_path, wandb_dir = tmp_path / ".art", tmp_path / "wb"
+    wandb_dir.mkdir()
+    script = f"""
+import asyncio
+import art
+
+async def main():
+    model = art.TrainableModel(
+        name="agent", run_name="agent-run-2", project="obs", base_path={str(art_path)!r},
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct", report_metrics=["wandb"],
+    )
+    await model.log(metrics={{"loss": 1.0}}, split="train", step=0)
+
+asyncio.run(main())
+"""
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_API_KEY": ""}
+    result = run_python(script, env)
+    assert result.returncode == 0, result.stderr
+    runs = [read_wandb_run(file) for file in _offline_runs(wandb_dir)]
+    assert {(run.run_id, run.name) for run in runs} == {("agent-run-2", "agent-run-2")}
+    assert (art_path / "obs" / "models" / "agent-run-2" / "history.jsonl").is_file()
+    assert not (art_path / "obs" / "models" / "agent").exists()
+
+
 def test_online_without_a_key_warns_once_and_the_metrics_stay_in_history(tmp_path: Path) -> None:
     art_path, home = tmp_path / ".art", tmp_path / "home"
     home.mkdir()

@@ -1,7 +1,7 @@
 """Every history row of a model, in that model's W&B run.
 
-One run per model: project `model.project`, name and id `model.name` (ART's choice, so a
-run ART started is continued), entity `model.entity` (or W&B's default). `resume="allow"`
+One run per model: project `model.project`, name and id `model.storage_name` (a trainable
+model's `run_name`: ART's choice, so a run ART started is continued), entity `model.entity` (or W&B's default). `resume="allow"`
 makes a second process on the same model continue the same run instead of starting one
 per process. Each row is logged under its `history.jsonl` names (ART 0.5.23's) with its
 step as `training_step`, which every metric is plotted against (`define_metric`, as ART
@@ -190,7 +190,7 @@ _runs_lock = threading.Lock()
 def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
     """Queue one history row for the model's run (started on the first row, with the
     model's `update_wandb_config` config)."""
-    key = (model.entity, model.project, model.name)
+    key = (model.entity, model.project, model.storage_name)
     with _runs_lock:
         run = _runs.get(key)
         if run is None:
@@ -203,7 +203,7 @@ def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
 
 def update_wandb_config(model: Model) -> None:
     """Send the model's config to its run if one is open (else its first row does)."""
-    key = (model.entity, model.project, model.name)
+    key = (model.entity, model.project, model.storage_name)
     with _runs_lock:
         run = _runs.get(key)
     if run is not None:
