@@ -52,7 +52,7 @@ async def test_a_run_is_stored_and_trained_under_run_name_and_served_as_name(
     assert (run_dir / "checkpoints" / "0001").is_dir()
     assert await model.get_step() == 1
     assert json.loads((run_dir / "model.json").read_text())["run_name"] == "agent-run-2"
-    assert any("train/loss" in json.loads(line) for line in (run_dir / "history.jsonl").open())
+    assert any("loss/train" in json.loads(line) for line in (run_dir / "history.jsonl").open())
     assert model.get_inference_name() == f"{unique_project}/agent"
     assert model.get_inference_name(1) == f"{unique_project}/agent@1"
     for name in ("agent", "agent@1", model.get_inference_name(1)):
