@@ -77,9 +77,11 @@ _EXTERNAL_VLLM = (
 )
 
 _HISTORY_NAMES = (
-    "ART's rules for naming history keys by its metric taxonomy (sections, splits, W&B's "
-    "canonical keys); this version's history.jsonl does not name its metrics by that "
-    "taxonomy yet: docs/reference/storage.md lists the keys it writes"
+    "ART's constants for naming history keys by its metric taxonomy (sections, splits, "
+    "W&B's canonical keys) are not exported from art.model; history.jsonl names its metrics "
+    "by that taxonomy all the same (art.core.history_keys has the rules, "
+    "docs/reference/storage.md lists the keys), and W&B gets every key, not only the "
+    "canonical ones"
 )
 
 _GATHER_INTERNAL = (
@@ -236,10 +238,6 @@ REFUSED_NAMES: dict[str, str] = {
     "art.types.SFTMetricLoggingConfig": (
         "ART's internal field of dev.TrainSFTConfig; to train without logging, call "
         "model.train_sft(..., log_metrics=False)"
-    ),
-    "art.model.METRICS_BUILDER_STATE_KEY": (
-        "ART keeps the metrics builder's running totals under this key of the model's "
-        "state; here they live in the process: model.metrics_builder().state_dict()"
     ),
     **{
         f"art.model.{name}": _HISTORY_NAMES

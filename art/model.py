@@ -4,10 +4,11 @@ from typing import Any
 
 from ._refusals import refused_name
 from .core.model import Model, TrainableModel
+from .core.model_store import METRICS_BUILDER_STATE_KEY
 
 
 def __getattr__(name: str) -> Any:
     return refused_name(__name__, name)
 
 
-__all__ = ["Model", "TrainableModel"]
+__all__ = ["METRICS_BUILDER_STATE_KEY", "Model", "TrainableModel"]

@@ -106,7 +106,11 @@ def trainable_groups(run_dir: Path) -> list[float]:
     """`train/trainable_groups` of each training row of a run's `history.jsonl`: the groups
     whose rewards differed, the only ones a GRPO step learns from."""
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    return [row["train/trainable_groups"] for row in rows if "train/trainable_groups" in row]
+    return [
+        row["data/step_num_groups_trainable"]
+        for row in rows
+        if "data/step_num_groups_trainable" in row
+    ]
 
 
 def assert_a_step_learned(run_dir: Path) -> None:

@@ -19,6 +19,10 @@ or `...:step{N}`. A few fields are ours (a log's `step` and `metrics`, a model's
 answer, and this client refuses to go on where a server did not (the managed service
 does not know them). Tested against `art serve` only, not against the managed service.
 
+As in ART 0.5.23's client, a trainable model is created, logged, trained and served
+under its durable name, `model.storage_name` (its `run_name`): `{name}` above is that,
+and `model.get_inference_name()` names it; `name` itself is not an alias here.
+
 Only idempotent requests are retried (reads, deletes, and model creation, which
 returns the existing model): a log or a training job is never sent twice.
 """
@@ -147,7 +151,7 @@ class ServerlessBackend:
         body: dict[str, Any] = {
             "entity": model.entity,
             "project": model.project,
-            "name": model.name,
+            "name": model.storage_name,
             "base_model": None,
             "return_existing": True,
             "trainable": model.trainable,
@@ -165,7 +169,7 @@ class ServerlessBackend:
                 f"the server at {self.base_url} does not apply an internal config",
                 "Leave _internal_config at its defaults for this server",
             )
-        self._ids[(model.project, model.name)] = str(created["id"])
+        self._ids[(model.project, model.storage_name)] = str(created["id"])
         model.id = str(created["id"])
         if created.get("entity"):
             model.entity = str(created["entity"])
@@ -175,7 +179,7 @@ class ServerlessBackend:
         return InferenceEndpoint(
             base_url=self.base_url,
             api_key=self.api_key,
-            model_name=inference_name(entity, model.project, model.name),
+            model_name=inference_name(entity, model.project, model.storage_name),
             step_separator=STEP_SEPARATOR,
         )
 
@@ -210,7 +214,7 @@ class ServerlessBackend:
         if (step or metrics) and not (isinstance(answer, dict) and answer.get("step") == step):
             # The managed service answers a log with nothing and keeps trajectories only;
             # ART's client keeps the rest on its side, and so do we.
-            store = ModelStore(self.path, model.project, model.name)
+            store = ModelStore(self.path, model.project, model.storage_name)
             if groups:
                 store.write_trajectories(split, step, groups)
             if metrics:
@@ -255,7 +259,7 @@ class ServerlessBackend:
                 error.field.removeprefix(_EXPERIMENTAL), error.problem, error.fix
             ) from error
         step = await self.get_step(model)
-        artifact = f"{model.entity}/{model.project}/{model.name}:step{step}"
+        artifact = f"{model.entity}/{model.project}/{model.storage_name}:step{step}"
         return ServerlessTrainResult(
             step=step, metrics=result.metrics, artifact_name=artifact if model.entity else None
         )
@@ -336,7 +340,9 @@ class ServerlessBackend:
             idempotent=False,
         )
         if verbose:
-            print(f"[{model.project}/{model.name}] forked {from_model} at step {answer['step']}")
+            print(
+                f"[{model.project}/{model.storage_name}] forked {from_model} at step {answer['step']}"
+            )
 
     async def _upload(self, model_id: str, data: Path) -> str:
         """Send `data` to the server in parts of at most `_UPLOAD_PART_BYTES` (whole lines);
@@ -406,7 +412,7 @@ class ServerlessBackend:
         }
         steps = sorted(int(c["step"]) for c in listed)
         if not scores:
-            store = ModelStore(self.path, model.project, model.name)
+            store = ModelStore(self.path, model.project, model.storage_name)
             kept = store.metric_by_step(best_checkpoint_metric)
             scores = {step: value for step, value in kept.items() if step in steps}
         if not scores:
@@ -422,7 +428,7 @@ class ServerlessBackend:
     async def delete(self, model: Model) -> None:
         """Delete the model on the server: its checkpoints, logs, and what serves it (ART's API)."""
         await self._request("DELETE", f"/preview/models/{self._id(model)}")
-        self._ids.pop((model.project, model.name), None)
+        self._ids.pop((model.project, model.storage_name), None)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -490,7 +496,7 @@ class ServerlessBackend:
 
     def _id(self, model: Model) -> str:
         try:
-            return self._ids[(model.project, model.name)]
+            return self._ids[(model.project, model.storage_name)]
         except KeyError:
             raise ModelNotRegisteredError(model.name, f"use {self!r}") from None
 

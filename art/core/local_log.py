@@ -35,7 +35,7 @@ class StoreLog:
         step: int,
         metrics: dict[str, float],
     ) -> None:
-        store = ModelStore(self.path, model.project, model.name)
+        store = ModelStore(self.path, model.project, model.storage_name)
         await asyncio.to_thread(store.write_log, split, step, groups, metrics)
 
 

@@ -13,7 +13,7 @@ from .errors import ConfigError, TrajectoryValidationError
 from .trajectories import TrajectoryGroup
 
 # Columns every history row has, which no logged metric may overwrite.
-RESERVED_METRICS = frozenset({"step", "recorded_at"})
+RESERVED_METRICS = frozenset({"step", "recorded_at", "training_step"})
 # What a split may be called: its name is a directory under `trajectories/`.
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # A history row's metrics are read back as floats: a larger integer cannot be.

@@ -767,6 +767,19 @@ class MetricsBuilder:
             self._shared.scenario_ids.update(scenario_ids)
             self._shared.pending.clear()
 
+    def _continue_totals(self, state: dict[str, Any]) -> bool:
+        """Take `state_dict()`'s running totals and scenario ids where this builder has
+        none yet (a new process continuing a run); what is pending is kept. Returns
+        whether it took them."""
+        cumulative = {str(k): float(v) for k, v in state.get("cum_state", {}).items()}
+        scenario_ids = {str(v) for v in state.get("unique_scenario_ids", [])}
+        with self._shared.lock:
+            if self._shared.cumulative or self._shared.scenario_ids:
+                return False
+            self._shared.cumulative.update(cumulative)
+            self._shared.scenario_ids.update(scenario_ids)
+            return True
+
     # --- internals ------------------------------------------------------------------------
 
     def _pending(self) -> _Pending:

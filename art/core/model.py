@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,9 +25,11 @@ from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
+from .history_keys import batch_keys, qualify_metric_key
 from .log_checks import check_metrics, check_split
 from .metrics import group_costs, group_metrics
 from .metrics_builder import MetricsBuilder
+from .model_store import METRICS_BUILDER_STATE_KEY, ModelStore
 from .protocol_backend import ProtocolBackend
 from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 # Names become directory names, and '@' separates a model from a step in inference names.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+# Serializes state.json writes in this process (a lock per model would not pickle).
+_STATE_WRITES = threading.Lock()
 
 
 class Model(ConfigModel):
@@ -75,6 +82,8 @@ class Model(ConfigModel):
     _metrics_builder: MetricsBuilder = PrivateAttr(
         default_factory=lambda: MetricsBuilder(cost_context="train")
     )
+    # Whether the builder's running totals stored with the model were read (once).
+    _metrics_state_read: bool = PrivateAttr(default=False)
 
     @field_validator("name", "project")
     @classmethod
@@ -94,6 +103,17 @@ class Model(ConfigModel):
                     "WANDB_API_KEY is set"
                 )
         return value
+
+    @property
+    def storage_name(self) -> str:
+        """The model's durable name: its directory `<path>/<project>/models/<storage_name>/`,
+        its checkpoints and its W&B run. `name` for a `Model`; a `TrainableModel`'s
+        `run_name` (ART 0.5.23's), which is its `name` unless given."""
+        return self.name
+
+    def _storage_name(self) -> str:
+        """ART 0.5.23's spelling of `storage_name`, which ART's backends call."""
+        return self.storage_name
 
     # --- wiring ----------------------------------------------------------------------
 
@@ -124,6 +144,7 @@ class Model(ConfigModel):
         self._backend = driven
         if endpoint is not None:
             self._use_endpoint(endpoint)
+        await asyncio.to_thread(self._read_metrics_state)
 
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
@@ -240,8 +261,10 @@ class Model(ConfigModel):
         """Store trajectories (and/or extra metrics) under `split` for the current step.
 
         The Parquet file of the step holds every message, tool call, reward and metric;
-        `history.jsonl` gets one row of `split/`-prefixed averages, `exception_rate`
-        included. A model with no backend registered writes them under `base_path`, as
+        `history.jsonl` gets one row named as ART names it (`history_keys`): the averages
+        under the split (`val/reward`, `val/exception_rate`, `val/group/<metric>`), the
+        batch's counts as `val/data/step_*` (`data/step_*` for `train`), and each of
+        `metrics` under the split unless it names a section or split (`loss/...`). A model with no backend registered writes them under `base_path`, as
         ART does (a trainable one then needs `step=`).
         """
         backend = self._log_backend()
@@ -252,25 +275,18 @@ class Model(ConfigModel):
                 "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
             )
         check_metrics(metrics or {})
-        row = group_metrics(groups) if groups else {}
+        row = batch_keys(split, group_metrics(groups)) if groups else {}
         costs = group_costs(groups)
         for key, value in (metrics or {}).items():
             if key.startswith("costs/"):  # summed by the builder, as ART's model.log does
                 costs[key] = costs.get(key, 0.0) + float(value)
             else:
-                row[key] = value
+                row[qualify_metric_key(key, split)] = value
         builder = self._metrics_builder_for_split(split)
         for key, value in costs.items():
             builder.add_cost(key.removeprefix("costs/"), value)
         step = await self.get_step() if step is None else step
-        await record(
-            backend,
-            self,
-            groups,
-            split,
-            step,
-            {f"{split}/{key}": value for key, value in row.items()},
-        )
+        await record(backend, self, groups, split, step, row)
 
     def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
         """This model's `MetricsBuilder` (`art.metrics`), or its view for `cost_context`.
@@ -298,6 +314,32 @@ class Model(ConfigModel):
         """The builder's metrics for `split`'s next history row (costs and their
         running totals under ART's `costs/...` names), emptied for the next step."""
         return await self._metrics_builder_for_split(split).flush()
+
+    def _state_store(self) -> ModelStore:
+        """Where the model's state lives: the store of its backend on this machine (a
+        LocalBackend's `path`, a ServerlessBackend's local copy), else `base_path`'s."""
+        path = getattr(self._backend, "path", None)
+        if not isinstance(path, str | os.PathLike):
+            path = self.base_path
+        return ModelStore(path, self.project, self.storage_name)
+
+    def _read_metrics_state(self) -> None:
+        """Continue the running totals (`costs/cum/...`) stored with the model by an
+        earlier process, as ART does; once per object, and only into a builder that has
+        no totals of its own yet."""
+        if self._metrics_state_read:
+            return
+        self._metrics_state_read = True
+        saved = self._state_store().read_state().get(METRICS_BUILDER_STATE_KEY)
+        if isinstance(saved, dict):
+            self._metrics_builder._continue_totals(saved)
+
+    def _write_metrics_state(self) -> None:
+        """Store the builder's running totals under ART's key of the model's `state.json`."""
+        with _STATE_WRITES:  # the snapshot and its write together: the newest one wins
+            self._state_store().merge_state(
+                {METRICS_BUILDER_STATE_KEY: self._metrics_builder.state_dict()}
+            )
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward"
@@ -374,8 +416,8 @@ class TrainableModel(Model):
 
     trainable: bool = True
     base_model: str
-    # ART 0.5.23's: the run's durable name (its checkpoints, its W&B run), with `name` the
-    # name it is served under. Here both are `name`: None takes it, another is refused.
+    # ART 0.5.23's: the run's durable name (its directory, checkpoints and W&B run), with
+    # `name` the alias it is served under. None takes `name`.
     run_name: str | None = Field(default=None, validate_default=True)
     # ART 0.5.23's adapter settings (`art.dev.LoRAConfig`), read into _internal_config by
     # `dev.with_lora_config`, which names an unknown key with the keys there are.
@@ -426,15 +468,18 @@ class TrainableModel(Model):
 
     @field_validator("run_name")
     @classmethod
-    def _run_name_is_name(cls, value: str | None, info: ValidationInfo) -> str | None:
-        name = info.data.get("name")
-        if value is None or value == name:
-            return name
-        raise ValueError(
-            f"{value!r} differs from name {name!r}: this version stores, serves and reports "
-            "a model under one name (ART 0.5.23 stores under run_name and serves under name); "
-            f"give run_name={name!r}, or leave it out"
-        )
+    def _run_name_or_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return cast(str | None, info.data.get("name"))
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"run_name {value!r} is not a valid name. {_NAME_FIX}")
+        return value
+
+    @property
+    def storage_name(self) -> str:
+        """`run_name`: the run's directory, checkpoints and W&B run; `name` is the alias
+        the backend serves it under (`name`, `name@step`)."""
+        return self.run_name or self.name
 
     @model_validator(mode="wrap")
     @classmethod
@@ -510,8 +555,9 @@ class TrainableModel(Model):
         """Take one GRPO step on `trajectory_groups`; the next rollouts use the new weights.
 
         The groups are logged under the `train` split first; then the backend trains and
-        saves checkpoint `step + 1`; then one `train/` row (rewards, exception_rate, loss,
-        grad_norm, entropy, tokens, seconds) is added to `history.jsonl`. Groups whose
+        saves checkpoint `step + 1`; then one row at `step` (`train/reward`, `loss/train`,
+        `loss/grad_norm`, `data/step_*`, `time/step_backend_train_s`, ...: ART's names) is
+        added to `history.jsonl`. Groups whose
         rewards are all equal teach nothing and are skipped, but the step still advances.
         """
         await run_step(self, trajectory_groups, config=config, dev_config=_config, verbose=verbose)
@@ -532,7 +578,7 @@ class TrainableModel(Model):
         trajectory is checked before any step runs (`SFTDataError` names each bad one).
         The same LoRA adapter RL trains is trained, saved as checkpoint `step + 1` and
         served at once, so `model.train` continues from it. `history.jsonl` gets one
-        `train_sft/` row per batch (loss, tokens, learning_rate, seconds), none with
+        `sft/` row per batch (`sft/loss/train`, `sft/gradient_step`, tokens, seconds), none with
         `log_metrics=False`. `config.assistant_turns="last"` trains only each
         trajectory's final message (the assistant's), the turns before it context. The
         trajectories are read once, as they come: a generator need not fit in memory.

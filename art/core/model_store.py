@@ -1,7 +1,10 @@
 """The on-disk layout every backend uses: `<path>/<project>/models/<name>/`.
 
     model.json                               the model's registration
-    history.jsonl                            one metrics row per log/train call
+    history.jsonl                            one metrics row per log/train call, keyed by
+                                             ART's metric taxonomy (`history_keys.py`)
+    state.json                               ART's model state: the metrics builder's
+                                             running totals (`costs/cum/...`)
     trajectories/{split}/{step:04d}.parquet  every logged trajectory, lossless
     checkpoints/{step:04d}/                  a LoRA adapter; the highest one is the current step
 
@@ -26,11 +29,14 @@ from typing import Any
 
 from .atomic import atomic_path, replace_dir_atomic, write_text_atomic
 from .errors import ConfigError
+from .history_keys import TRAINING_STEP_KEY, migrate_history_row
 from .log_checks import SPLIT_NAME, check_logged_groups, check_metrics, check_split
 from .trajectories import TrajectoryGroup
 from .writer_lock import WriterLock, take_writer_lock
 
 _STEP_DIR = re.compile(r"^\d{4,}$")
+# ART's key of the metrics builder's running totals in the model's state.json.
+METRICS_BUILDER_STATE_KEY = "_metrics_builder_state"
 
 
 class ModelStore:
@@ -62,6 +68,26 @@ class ModelStore:
 
     def write_model(self, data: Mapping[str, Any]) -> None:
         write_text_atomic(self.model_json, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    # --- state (ART's `state.json`) -------------------------------------------------------
+
+    @property
+    def state_json(self) -> Path:
+        return self.dir / "state.json"
+
+    def read_state(self) -> dict[str, Any]:
+        """The model's state (ART's `model.read_state()`); {} where there is none."""
+        try:
+            text = self.state_json.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        loaded = json.loads(text)
+        return loaded if isinstance(loaded, dict) else {}
+
+    def merge_state(self, update: Mapping[str, Any]) -> None:
+        """Set `update`'s top-level keys in the state, keeping the others (an atomic write)."""
+        state = self.read_state() | dict(update)
+        write_text_atomic(self.state_json, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
     # --- the writer lock ----------------------------------------------------------------
 
@@ -155,22 +181,29 @@ class ModelStore:
         return self.dir / "history.jsonl"
 
     def read_history(self) -> list[dict[str, Any]]:
+        """Every row, in order, under this version's key names: a row written before
+        history keys took ART's taxonomy is renamed as it is read (the file is untouched)."""
         if not self.history_path.exists():
             return []
         rows = []
         for line in self.history_path.read_text(encoding="utf-8").splitlines():
             if line.strip():
-                rows.append(json.loads(line))
+                rows.append(migrate_history_row(json.loads(line)))
         return rows
 
     def append_history(
         self, step: int, metrics: Mapping[str, float | int | bool]
     ) -> dict[str, Any]:
-        """Add one row; the file is rewritten whole and renamed, so a crash loses no rows."""
+        """Add one row; the file is rewritten whole and renamed, so a crash loses no rows.
+
+        The row holds `step`, `recorded_at` and, as ART's rows do, `training_step` (the
+        same step: the x-axis W&B plots every metric against).
+        """
         check_metrics(metrics)
         row: dict[str, Any] = {
             "step": step,
             "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            TRAINING_STEP_KEY: step,
         }
         for key, value in metrics.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -322,4 +355,10 @@ def _fingerprint(group: TrajectoryGroup) -> str:
     return json.dumps(group.model_dump(mode="json"), sort_keys=True)
 
 
-__all__ = ["ModelStore", "fork_checkpoint", "list_models", "list_projects"]
+__all__ = [
+    "METRICS_BUILDER_STATE_KEY",
+    "ModelStore",
+    "fork_checkpoint",
+    "list_models",
+    "list_projects",
+]

@@ -67,7 +67,7 @@ class ProtocolBackend:
         return f"ProtocolBackend({self.driven!r})"
 
     def _store(self, model: Model) -> ModelStore:
-        return ModelStore(self.path, model.project, model.name)
+        return ModelStore(self.path, model.project, model.storage_name)
 
     def inference_name(self, model: Model, step: int | None) -> str:
         """The backend's `_model_inference_name`, or ART's fallback: `name`, `name@step`."""

@@ -41,7 +41,7 @@ def get_models_dir(project_name: str, art_path: str | None = None) -> str:
 
 
 def get_model_dir(model: Model, art_path: str | None = None) -> str:
-    return get_output_dir_from_model_properties(model.project, model.name, art_path)
+    return get_output_dir_from_model_properties(model.project, model.storage_name, art_path)
 
 
 def get_output_dir_from_model_properties(

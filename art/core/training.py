@@ -13,11 +13,18 @@ more. What a step does, in order:
    a `TrainingError` that does not know its step is given `step + 1`;
 4. the step's metrics: the groups' (rewards, exception_rate, ...), the trainer's (loss,
    grad_norm, ...) and `train_seconds`; with `log`, also `rollout_seconds` (since the
-   previous step ended) and any `extra_metrics`, stored as one `train/` history row.
+   previous step ended) and any `extra_metrics`, stored as one history row under ART's
+   names (`history_keys`: `loss/train`, `data/step_num_trajectories`, `train/reward`).
+
+The row is stored at the step the groups were sampled from (`step`), where ART's
+`model.log(metrics=result.metrics, step=result.step)` puts a trainer's row at the step it
+made: a step's `train/reward` and its loss then share a row, and a checkpoint's history
+(`delete_checkpoints`' best step) is what its own samples scored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -26,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import dev, observe
 from .errors import ConfigError, TrainingError
+from .history_keys import batch_keys, qualify_metric_key, trainer_keys
 from .metrics import group_costs, group_metrics
+from .metrics_taxonomy import SFT_METRIC_PREFIX
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
 from .validation import check_trainable, coerce_groups
@@ -86,10 +95,12 @@ async def run_step(
         if error.step is None:  # the trainer does not know which step it was making
             error.step = step + 1
         raise
-    metrics: dict[str, float] = group_metrics(groups) | trainer_metrics | (extra_metrics or {})
+    figures = group_metrics(groups)
+    metrics: dict[str, float] = figures | trainer_metrics | (extra_metrics or {})
     metrics["train_seconds"] = time.monotonic() - started
     if not log:
         return StepResult(step, metrics)
+    extra = extra_metrics or {}
     if metrics["num_trajectories"] and not metrics["trainable_groups"]:
         logger.warning(
             "%s step %d: every group's rewards are equal, so this step learned nothing; "
@@ -103,7 +114,13 @@ async def run_step(
     if verbose:
         shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
         print(f"[{model.name}] step {step} -> {step + 1}: {shown}")
-    await record(backend, model, [], "train", step, {f"train/{k}": v for k, v in metrics.items()})
+    trained = {k: v for k, v in metrics.items() if k not in figures and k not in extra}
+    row = (
+        batch_keys("train", figures)
+        | trainer_keys("train", trained)
+        | {qualify_metric_key(k, "train"): v for k, v in extra.items()}
+    )
+    await record(backend, model, [], "train", step, row)
     return StepResult(step, metrics)
 
 
@@ -117,8 +134,9 @@ async def run_sft(
     log_metrics: bool = True,
 ) -> None:
     """Supervised fine-tuning of `model` on `examples` (each `(where, trajectory)`, read
-    once) through its backend's `train_sft`; one `train_sft/` history row per batch, or
-    none with `log_metrics=False` (ART 0.5.23's switch)."""
+    once) through its backend's `train_sft`; one `sft/` history row per batch at the step
+    the call made (ART's: `sft/loss/train`, `sft/gradient_step` from 1), or none with
+    `log_metrics=False` (ART 0.5.23's switch)."""
     backend = model._registered_backend("train_sft")
     if isinstance(dev_config, dict):  # ART's dev.TrainSFTConfig is a dict
         dev_config = dev.TrainSFTConfig(**dev_config)
@@ -135,7 +153,7 @@ async def run_sft(
     step = await backend.get_step(model)
     for row in rows:
         await record(
-            backend, model, [], "train_sft", step, {f"train_sft/{k}": v for k, v in row.items()}
+            backend, model, [], SFT_METRIC_PREFIX, step, trainer_keys(SFT_METRIC_PREFIX, row)
         )
 
 
@@ -152,8 +170,10 @@ async def record(
     The row takes what the model's `MetricsBuilder` holds for `split` (the step's
     `costs/...` and their running totals), which starts the next step empty.
     """
+    await asyncio.to_thread(model._read_metrics_state)  # a model logged unregistered
     metrics = metrics | await model._flush_step_metrics(split)
     await backend.log(model, groups, split=split, step=step, metrics=metrics)
+    await asyncio.to_thread(model._write_metrics_state)  # totals continue after a restart
     observe.history_row(model, step, metrics)
 
 

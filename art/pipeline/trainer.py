@@ -14,6 +14,11 @@ Three stages run at once on one event loop:
 3. **Evaluation** (`eval_fn(model, step, config)`) every `eval_every_n_steps` steps, in its
    own task.
 
+As in ART, each rollout runs in the model's `train` cost context and each evaluation in
+its `eval` one (`model.activate_metrics_context`): an API cost either records
+(`art.metrics.track_api_cost`, RULER's judge) lands in the next `train` or `val` history
+row as `costs/train/...` or `costs/eval/...`.
+
 With `max_steps_off_policy=k` a worker waits to start a rollout while the policy is more
 than `k` steps behind the step being trained, so `k=0` is the synchronous loop with
 prefetching. Each step's `train/` history row adds `staleness_mean`, `staleness_max`,
@@ -351,7 +356,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 f"needs a backend that stores checkpoints on this machine; {type(self.backend).__name__} does not",
                 "Leave it None and call model.delete_checkpoints()",
             )
-        store = ModelStore(path, self.model.project, self.model.name)
+        store = ModelStore(path, self.model.project, self.model.storage_name)
         lag = self.max_steps_off_policy if self.max_steps_off_policy is not None else step
         protected = set(range(max(step - lag, 0), step + 1)) | self._pending_eval_steps()
         eligible = await asyncio.to_thread(eligible_checkpoints, store, protected)
@@ -447,6 +452,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             started = self._policy_step
             self._status.note_rollout_started()
             errored = False
+            # As ART's: costs the rollout records (`track_api_cost`, RULER) count as `train`.
+            costs = self.model.activate_metrics_context("train")
             try:
                 group = await self.rollout_fn(self.model, cast(ScenarioT, scenario), self.config)
             except Exception as error:  # a bad rollout is data, not the end of the run
@@ -455,6 +462,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 print(f"[pipeline] rollout failed ({type(error).__name__}): {error}")
                 continue
             finally:
+                costs.var.reset(costs)
                 self._status.note_rollout_finished(errored=errored)
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError(
@@ -542,12 +550,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._status.note_val_started(step)
         reward: float | None = None  # the mean `val` reward, for the status line
         try:
+            costs = self.model.activate_metrics_context("eval")  # ART's context for evals
             try:
                 result = await self.eval_fn(self.model, step, self.config)
             except Exception as error:  # training goes on; the failure is shown, as in ART
                 logger.warning("eval at step %d failed: %s: %s", step, type(error).__name__, error)
                 print(f"[pipeline] eval at step {step} failed ({type(error).__name__}): {error}")
                 return
+            finally:
+                costs.var.reset(costs)
             splits = result if isinstance(result, Mapping) else {"val": result}
             for split, items in splits.items():
                 groups = _as_groups(items)
@@ -565,7 +576,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         path = getattr(self.backend, "path", None)  # a backend that stores on this machine
         if not isinstance(path, str):
             return None
-        return ModelStore(path, self.model.project, self.model.name).dir / STATE_FILE
+        return ModelStore(path, self.model.project, self.model.storage_name).dir / STATE_FILE
 
     def _save_state(self) -> None:
         path = self._state_path()

@@ -321,7 +321,9 @@ def _metrics_by_step(store: ModelStore) -> dict[int, dict[str, float]]:
     metrics: dict[int, dict[str, float]] = {}
     for row in store.read_history():
         values = {
-            k: float(v) for k, v in row.items() if k not in ("step", "recorded_at") and _is_float(v)
+            k: float(v)
+            for k, v in row.items()
+            if k not in ("step", "recorded_at", "training_step") and _is_float(v)
         }
         metrics.setdefault(row["step"], {}).update(values)
     return metrics

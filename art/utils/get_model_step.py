@@ -16,7 +16,7 @@ def get_step_from_dir(output_dir: str | os.PathLike[str]) -> int:
 
 def get_model_step(model: Model, art_path: str | os.PathLike[str]) -> int:
     """The highest checkpoint step of `model` under `art_path` (0 before any training)."""
-    return ModelStore(art_path, model.project, model.name).step()
+    return ModelStore(art_path, model.project, model.storage_name).step()
 
 
 __all__ = ["get_model_step", "get_step_from_dir"]

@@ -17,6 +17,8 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 
 from ..core.errors import ConfigError
+from ..core.history_keys import TRAINING_STEP_KEY
+from ..core.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
 from ..core.model_store import ModelStore, list_models, list_projects
 from ..core.trajectories import History, Trajectory, TrajectoryGroup
 from ..core.types import MessageOrChoice
@@ -29,6 +31,11 @@ _PATH_FIX = (
 _SPLIT_ORDER = ("train", "val")
 # Metrics drawn first within a split, after the rewards of every split.
 _LEADING_METRICS = ("reward_std_dev", "exception_rate")
+# A row's columns that place it rather than measure something.
+_ROW_FIELDS = ("step", "recorded_at", TRAINING_STEP_KEY)
+# Where an SFT batch's row lies within its call: its 1-based index and the call's batches.
+_SFT_BATCH = SFT_WANDB_GRADIENT_STEP_KEY
+_SFT_BATCHES = f"{SFT_METRIC_PREFIX}/batches"
 
 
 @dataclass(frozen=True)
@@ -95,10 +102,11 @@ def _split_key(split: str) -> tuple[int, str]:
 
 
 def metric_order(names: set[str]) -> list[str]:
-    """Rewards of every split first, then each split's metrics, the common ones leading."""
+    """Rewards of every split first, then each split's (or section's: `loss/`, `data/`)
+    metrics, the common ones leading."""
 
     def key(name: str) -> tuple[bool, tuple[int, str], int, str]:
-        split, _, metric = name.rpartition("/")
+        split, _, metric = name.partition("/")
         metric_rank = (
             _LEADING_METRICS.index(metric) if metric in _LEADING_METRICS else len(_LEADING_METRICS)
         )
@@ -214,10 +222,9 @@ def _series(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(step, int):
             continue
         for name, value in row.items():
-            if name in ("step", "recorded_at") or not isinstance(value, int | float):
+            if name in _ROW_FIELDS or not isinstance(value, int | float):
                 continue
-            split, _, metric = name.rpartition("/")
-            if metric in ("batch", "batches") and f"{split}/batches" in row:
+            if name in (_SFT_BATCH, _SFT_BATCHES) and _SFT_BATCHES in row:
                 continue  # where the row's point lies, not a curve of its own
             points.setdefault(name, []).append(_point(row, name, step, float(value)))
     return [{"name": name, "points": points[name]} for name in metric_order(set(points))]
@@ -225,16 +232,18 @@ def _series(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _point(row: dict[str, Any], name: str, step: int, value: float) -> list[Any]:
     """[x, value], or [x, value, label] for a row of one batch of a call that made `step`
-    in several optimizer steps (an SFT call's `train_sft/batch` of `train_sft/batches`):
-    its batches are spread between step - 1 and `step`, so they draw as a curve."""
-    split = name.rpartition("/")[0]
-    batch, batches = row.get(f"{split}/batch"), row.get(f"{split}/batches")
+    in several optimizer steps (an SFT call's `sft/gradient_step`, from 1, of
+    `sft/batches`): its batches are spread between step - 1 and `step`, so they draw as
+    a curve."""
+    batch, batches = row.get(_SFT_BATCH), row.get(_SFT_BATCHES)
+    if not name.startswith(f"{SFT_METRIC_PREFIX}/"):
+        return [step, value]
     if not (isinstance(batch, int | float) and isinstance(batches, int | float) and batches > 0):
         return [step, value]
     return [
-        step - 1 + (batch + 1) / batches,
+        step - 1 + batch / batches,
         value,
-        f"step {step}, batch {int(batch) + 1} of {int(batches)}",
+        f"step {step}, batch {int(batch)} of {int(batches)}",
     ]
 
 

@@ -66,7 +66,7 @@ def art_path(tmp_path: Path) -> Path:
             "val", step, [_group(pair, step, "pair"), _group(single, step, "single")]
         )
         trained.append_history(step, {"val/reward": 0.5})
-    trained.append_history(1, {"train/loss": 0.1})  # a later row of step 1
+    trained.append_history(1, {"loss/train": 0.1})  # a later row of step 1
     failed = art.TrajectoryGroup(
         [tool_trajectory(0.3)], exceptions=[ValueError("rollout broke")]
     )  # the exception is data in the log, never a row of the table

@@ -83,12 +83,10 @@ async def test_sft_last_assistant_turn_trains_fewer_tokens_and_log_metrics_false
     await model.train_sft(conversations, all_turns)
     await model.train_sft(conversations, all_turns.model_copy(update={"assistant_turns": "last"}))
     model_dir = Path(shared_backend.path) / unique_project / "models" / "sft"
-    rows = [row for row in history(model_dir) if "train_sft/tokens" in row]
+    rows = [row for row in history(model_dir) if "sft/tokens" in row]
     assert len(rows) == 2
-    assert rows[1]["train_sft/tokens"] < rows[0]["train_sft/tokens"]
+    assert rows[1]["sft/tokens"] < rows[0]["sft/tokens"]
 
     await model.train_sft(conversations, all_turns, log_metrics=False)
     assert await model.get_step() == 3  # trained and saved ...
-    assert (
-        len([row for row in history(model_dir) if "train_sft/tokens" in row]) == 2
-    )  # ... unlogged
+    assert len([row for row in history(model_dir) if "sft/tokens" in row]) == 2  # ... unlogged

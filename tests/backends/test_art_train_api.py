@@ -155,8 +155,8 @@ async def test_an_art_0_5_18_script_trains_one_step_and_logs_it_itself(
 
     rows = history(run)  # the groups' row, then the metrics row: each once
     assert [row["step"] for row in rows] == [0, 1]
-    assert rows[0]["train/num_trajectories"] == 6
-    assert not any(key.endswith("/loss") for key in rows[0])
+    assert rows[0]["data/step_num_trajectories"] == 6
+    assert not any(key.endswith("/loss") or key.startswith("loss/") for key in rows[0])
     assert rows[1]["val/loss"] == result.metrics["loss"]
     table = pq.read_table(run / "trajectories" / "train" / "0000.parquet")
     assert table.num_rows == 6  # backend.train logged nothing itself
@@ -396,7 +396,7 @@ async def test_train_config_grad_accumulation_sequences_bounds_each_pass(
         groups, config=art.TrainConfig(learning_rate=1e-5, grad_accumulation_sequences=1)
     )
     rows = [
-        r for r in history(art_path / "train-api" / "models" / "accumulate") if "train/loss" in r
+        r for r in history(art_path / "train-api" / "models" / "accumulate") if "loss/train" in r
     ]
     packed, one_each = (r["train/micro_batches"] for r in rows)
     trained = rows[1]["train/sequences_trained"]  # those with a nonzero advantage

@@ -337,7 +337,7 @@ async def test_a_custom_chat_template_renders_prompts_and_training(tmp_path: Pat
         await model.train([group], config=art.TrainConfig(learning_rate=1e-5))
         rows = tmp_path / ".art" / "templates" / "models" / "templated" / "history.jsonl"
         row = json.loads(rows.read_text().splitlines()[-1])
-        assert row["train/tokens_trained"] > 0
+        assert row["data/step_loss_bearing_tokens"] > 0
         # The service's copy of the template is what training tokenizes with.
         service = backend._service  # in process: the ModelService itself
         assert service is not None

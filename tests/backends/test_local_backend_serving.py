@@ -289,22 +289,27 @@ async def test_two_training_steps_save_serve_and_resume(
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1]
     for row in rows:
+        # ART 0.5.23's names, and its x-axis: the step the row belongs to
+        assert row["training_step"] == row["step"]
         for metric in (
-            "reward",
-            "reward_std_dev",
-            "exception_rate",
-            "loss",
-            "grad_norm",
-            "entropy",
-            "num_groups",
-            "trainable_groups",
-            "tokens_trained",
-            "train_seconds",
+            "train/reward",
+            "train/reward_std_dev",
+            "train/exception_rate",
+            "loss/train",
+            "loss/grad_norm",
+            "loss/entropy",
+            "data/step_num_groups_submitted",
+            "data/step_num_groups_trainable",
+            "data/step_loss_bearing_tokens",
+            "time/step_backend_train_s",
+            "train/micro_batches",  # ours, under the split
         ):
-            assert f"train/{metric}" in row, metric
-        assert math.isfinite(row["train/loss"])
-        assert row["train/tokens_trained"] > 0
-    assert "train/rollout_seconds" in rows[1]
+            assert metric in row, metric
+        for old in ("train/loss", "train/grad_norm", "train/num_groups", "train/train_seconds"):
+            assert old not in row, old
+        assert math.isfinite(row["loss/train"])
+        assert row["data/step_loss_bearing_tokens"] > 0
+    assert "time/step_rollout_s" in rows[1]
     assert (run / "trajectories" / "train" / "0000.parquet").is_file()
     assert (run / "trajectories" / "train" / "0001.parquet").is_file()
 
@@ -382,8 +387,8 @@ async def test_a_step_without_reward_variance_trains_nothing_but_advances(
         .read_text()
         .splitlines()[-1]
     )
-    assert row["train/tokens_trained"] == 0
-    assert row["train/trainable_groups"] == 0
+    assert row["data/step_loss_bearing_tokens"] == 0
+    assert row["data/step_num_groups_trainable"] == 0
 
 
 async def test_choices_without_sampled_ids_are_refused_before_anything_is_written(

@@ -130,7 +130,7 @@ async def test_group_metrics_and_logs_are_stored_and_logged_as_arts(art_path: Pa
     rows = pq.read_table(model_dir(art_path) / "trajectories" / "val" / "0000.parquet").to_pylist()
     assert [json.loads(row["group_metrics"]) for row in rows] == [{"hops": 1}, {"hops": 3}]
     assert [row["group_logs"] for row in rows] == [["easy"], ["hard"]]
-    assert history(art_path)[-1]["val/group_hops"] == 2.0
+    assert history(art_path)[-1]["val/group/hops"] == 2.0
 
 
 async def test_failed_rollouts_are_stored_and_counted_in_exception_rate(art_path: Path) -> None:
@@ -150,7 +150,7 @@ async def test_failed_rollouts_are_stored_and_counted_in_exception_rate(art_path
     row = history(art_path)[-1]
     assert row["train/exception_rate"] == 0.25
     assert row["train/num_exceptions"] == 2
-    assert row["train/num_trajectories"] == 6
+    assert row["data/step_num_trajectories"] == 8  # ART counts every rollout, raised ones too
     stored = ModelStore(art_path, "proj", "agent-001").read_trajectories("train", 0)
     assert [len(g.exceptions) for g in stored] == [1, 1]
     assert "timed out" in stored[0].exceptions[0].message
@@ -167,6 +167,8 @@ async def test_history_rows_carry_split_prefixed_averages(art_path: Path) -> Non
     assert rows[0]["val/trainable_groups"] == 1
     assert rows[0]["val/turns"] == 2
     assert rows[0]["val/correct"] == 0.5
+    assert rows[0]["val/data/step_num_scenarios"] == 1  # ART's counts, under the split
+    assert "data/step_num_groups_trainable" not in rows[0]  # ART records it for train only
     assert rows[1]["step"] == 4
     assert rows[1]["train/custom"] == 3.5
 
@@ -345,6 +347,8 @@ async def test_log_refuses_reserved_and_non_numeric_metrics(art_path: Path) -> N
     store = ModelStore(art_path, "proj", "agent-001")
     with pytest.raises(art.ConfigError, match=r"metrics\['recorded_at'\]"):
         store.append_history(3, {"recorded_at": 1.0})
+    with pytest.raises(art.ConfigError, match=r"metrics\['training_step'\]"):
+        store.append_history(3, {"training_step": 1.0})  # ART's x-axis, every row's own
     with pytest.raises(art.TrajectoryValidationError, match=r"\[1\]: the group is empty"):
         store.write_trajectories(
             "val", 0, [art.TrajectoryGroup([tool_trajectory(1.0)]), art.TrajectoryGroup([])]

@@ -256,7 +256,7 @@ async def test_pipeline_trainer_trains_on_ray_whose_replicas_serve_while_it_trai
     rows = ModelStore(str(backend_path), "ray", "pipelined").read_history()
     trained = [row for row in rows if "train/staleness_mean" in row]
     assert trained
-    assert max(row["train/trainable_groups"] for row in trained) > 0
+    assert max(row["data/step_num_groups_trainable"] for row in trained) > 0
 
 
 async def test_sft_runs_data_parallel_and_every_replica_serves_its_checkpoint(
@@ -290,9 +290,9 @@ async def test_sft_runs_data_parallel_and_every_replica_serves_its_checkpoint(
     assert len(published) == 1
     for status in replicas(backend):
         assert published[0] in status["adapters"]
-    rows = [row for row in store.read_history() if "train_sft/loss" in row]
+    rows = [row for row in store.read_history() if "sft/loss/train" in row]
     assert len(rows) == 10
-    assert all(row["train_sft/tokens"] > 0 for row in rows)
+    assert all(row["sft/tokens"] > 0 for row in rows)
     answers = await asyncio.gather(
         *(ask(model, conversation(a, b), temperature=0, max_tokens=12) for a, b in pairs[80:])
     )

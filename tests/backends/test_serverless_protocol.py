@@ -524,6 +524,6 @@ async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
         assert result.artifact_name == "someone/p/agent:step4"
         await plain.train([group])  # its row (at the step sampled from) is kept here
         assert await plain.get_step() == 5
-        trained = [row for row in run.read_history() if "train/grad_norm" in row]
-        assert [(row["step"], row["train/loss"]) for row in trained] == [(4, 0.25)]
+        trained = [row for row in run.read_history() if "loss/grad_norm" in row]
+        assert [(row["step"], row["loss/train"]) for row in trained] == [(4, 0.25)]
         await backend.close()

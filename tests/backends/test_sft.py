@@ -109,14 +109,14 @@ async def test_sft_teaches_a_format_the_base_never_writes_then_rl_continues(
     assert all(FORMAT.match((c.message.content or "").strip()) for c in pinned)
 
     model_dir = art_path / "sft" / "models" / "format"
-    rows = [row for row in _history(model_dir) if "train_sft/loss" in row]
-    assert [row["train_sft/batch"] for row in rows] == list(range(10))  # 80 / 8, one row each
-    assert all(row["step"] == 1 and row["train_sft/tokens"] > 0 for row in rows)
+    rows = [row for row in _history(model_dir) if "sft/loss/train" in row]
+    assert [row["sft/gradient_step"] for row in rows] == list(range(1, 11))  # 80 / 8, one row each
+    assert all(row["step"] == 1 and row["sft/tokens"] > 0 for row in rows)
     # The file's schedule: one warm-up batch to the peak, then linear decay to 0.
-    assert [row["train_sft/learning_rate"] for row in rows] == pytest.approx(
+    assert [row["sft/loss/learning_rate"] for row in rows] == pytest.approx(
         create_lr_schedule(10, 1e-3, "linear", warmup_steps=1)
     )
-    assert rows[-1]["train_sft/loss"] < rows[0]["train_sft/loss"] / 4
+    assert rows[-1]["sft/loss/train"] < rows[0]["sft/loss/train"] / 4
     assert not list(model_dir.glob(".sft-*"))  # the spooled examples are gone
 
     # RL from the SFT checkpoint: reward the right sum, two steps.
@@ -143,9 +143,9 @@ async def test_sft_teaches_a_format_the_base_never_writes_then_rl_continues(
         )
         await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
     assert await model.get_step() == 3
-    rl_rows = [row for row in _history(model_dir) if "train/tokens_trained" in row]
+    rl_rows = [row for row in _history(model_dir) if "data/step_loss_bearing_tokens" in row]
     assert [row["step"] for row in rl_rows] == [1, 2]
-    assert sum(row["train/tokens_trained"] for row in rl_rows) > 0
+    assert sum(row["data/step_loss_bearing_tokens"] for row in rl_rows) > 0
     assert await _format_rate(model, held_out) >= 0.8  # RL went on from the SFT weights
 
 
@@ -341,9 +341,9 @@ async def test_serverless_sft_uploads_in_parts_and_trains_on_art_serve(
     rows = [
         row
         for row in _history(server.path / "sft" / "models" / "format")
-        if "train_sft/loss" in row
+        if "sft/loss/train" in row
     ]
-    assert [row["train_sft/batch"] for row in rows] == list(range(10))
+    assert [row["sft/gradient_step"] for row in rows] == list(range(1, 11))
     assert not list((server.path / ".art-serve" / "sft-data").rglob("*.jsonl"))  # consumed
 
     # A client other than ours: every bad line of an upload is a 400 naming it.

@@ -30,13 +30,19 @@ def trainable(**fields: Any) -> art.TrainableModel:
 # --- TrainableModel(run_name=..., lora_config=...) ------------------------------------
 
 
-def test_run_name_defaults_to_name_and_another_one_is_refused_by_name() -> None:
-    assert trainable().run_name == "agent"
-    assert trainable(run_name="agent").run_name == "agent"
+def test_run_name_defaults_to_name_is_the_storage_name_and_a_bad_one_is_refused() -> None:
+    assert trainable().run_name == trainable().storage_name == "agent"
+    run = trainable(run_name="agent-run-2")
+    assert (run.name, run.run_name, run.storage_name) == ("agent", "agent-run-2", "agent-run-2")
+    assert run._storage_name() == "agent-run-2", "ART 0.5.23's spelling"
+    assert art.TrainableModel.model_validate(run.model_dump()).storage_name == "agent-run-2"
+    assert art.Model(name="gpt", project="names").storage_name == "gpt"
+    from art.utils.output_dirs import get_model_dir
+
+    assert get_model_dir(run, "/x").endswith("/names/models/agent-run-2")
     with pytest.raises(ConfigError) as raised:
-        trainable(run_name="agent-run-2")
+        trainable(run_name="../elsewhere")
     assert raised.value.field == "run_name"
-    assert "run_name='agent'" in str(raised.value)
 
 
 def test_lora_config_sets_the_adapter_the_trainer_builds() -> None:

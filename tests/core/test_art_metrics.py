@@ -4,6 +4,7 @@ model's builder, whose costs reach `history.jsonl` under ART's `costs/...` names
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,51 @@ async def test_the_models_costs_reach_its_history_under_arts_names(tmp_path: Pat
     assert val["costs/cum/all"] == pytest.approx(5.25)
     assert val["val/score"] == 1.0
     await backend.close()
+
+
+async def test_running_totals_continue_from_the_models_state_json(tmp_path: Path) -> None:
+    """A second `Model` object (what a new process builds) over a second backend on the
+    same path: its builder shares nothing in memory with the first, so the totals it
+    continues come from `state.json`."""
+    from art.local import LocalBackend
+    from art.model import METRICS_BUILDER_STATE_KEY
+
+    store = ModelStore(tmp_path, "costs", "agent")
+    first = art.Model(name="agent", project="costs")
+    await first.register(LocalBackend(path=str(tmp_path)))
+    first.metrics_builder().add_cost("train/gpu", 1.5)
+    first.metrics_builder().add_data(scenario_ids=["a", "b"])
+    await first.log(metrics={"score": 1.0}, split="train")
+    saved = json.loads(store.state_json.read_text())[METRICS_BUILDER_STATE_KEY]
+    assert saved["cum_state"]["costs/cum/all"] == 1.5
+    assert saved["unique_scenario_ids"] == ["a", "b"]
+
+    second = art.Model(name="agent", project="costs")
+    second.metrics_builder().add_cost("train/gpu", 0.25)  # pending before register: kept
+    await second.register(LocalBackend(path=str(tmp_path)))
+    second.metrics_builder().add_data(scenario_ids=["b", "c"])
+    await second.log(metrics={"score": 1.0}, split="train")
+    row = store.read_history()[-1]
+    assert row["costs/train/gpu"] == 0.25, "the step's own cost"
+    assert row["costs/cum/all"] == pytest.approx(1.75), "continued from the first run"
+    assert row["data/cum/num_unique_scenarios"] == 3
+    saved = json.loads(store.state_json.read_text())[METRICS_BUILDER_STATE_KEY]
+    assert saved["cum_state"]["costs/cum/all"] == pytest.approx(1.75)
+
+    other = art.Model(name="agent", project="other")  # another model starts at 0
+    await other.register(LocalBackend(path=str(tmp_path)))
+    other.metrics_builder().add_cost("train/gpu", 1.0)
+    await other.log(metrics={"score": 1.0}, split="train")
+    assert ModelStore(tmp_path, "other", "agent").read_history()[-1]["costs/cum/all"] == 1.0
+
+
+async def test_an_unregistered_models_totals_continue_under_its_base_path(tmp_path: Path) -> None:
+    for expected in (1.0, 2.0):
+        model = art.Model(name="judge", project="costs", base_path=str(tmp_path))
+        model.metrics_builder("eval").add_cost("eval/judge", 1.0)
+        await model.log(metrics={"score": 1.0}, split="val")
+        row = ModelStore(tmp_path, "costs", "judge").read_history()[-1]
+        assert row["costs/cum/all"] == expected
 
 
 def test_a_model_with_pending_costs_pickles_and_copies() -> None:

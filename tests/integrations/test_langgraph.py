@@ -246,7 +246,7 @@ async def test_one_training_step_trains_every_sampled_token_of_the_recorded_traj
     row = ModelStore(backend.path, model.project, model.name).read_history()[-1]
     # Every trajectory has a non-zero advantage, so every token the model sampled, in the
     # main conversations and the additional history alike, is trained; nothing else is.
-    assert row["train/tokens_trained"] == sampled > 0
+    assert row["data/step_loss_bearing_tokens"] == sampled > 0
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from observe_helpers import closed_port_url, read_wandb_run, run_python
+from observe_helpers import closed_port_url, read_wandb_run, run_python, wandb_records
 
 import art
 
@@ -80,14 +80,61 @@ def test_offline_run_gets_every_history_row_at_its_step_and_the_next_process_res
     assert [row["training_step"] for row in logged] == [0, 1, 2]
     for row, sent in zip(history, logged, strict=True):
         metrics = {k: v for k, v in row.items() if k not in ("step", "recorded_at")}
-        assert {"train/reward", "train/loss", "train/turns", "train/exception_rate"} <= set(metrics)
+        # ART 0.5.23's names: the batch's counts under data/, the rest under the split
+        assert {
+            "train/reward",
+            "train/loss",
+            "train/turns",
+            "train/exception_rate",
+            "data/step_num_trajectories",
+            "data/step_num_groups_trainable",
+        } <= set(metrics)
+        assert metrics["training_step"] == row["step"]
         # Every metric of the row, W&B's own bookkeeping (`_step`, `_runtime`, ...) and
         # the step it belongs to, against which W&B plots every metric.
-        assert {k for k in sent if not k.startswith("_")} == {*metrics, "training_step"}
+        assert {k for k in sent if not k.startswith("_")} == set(metrics)
         for key, value in metrics.items():
             assert sent[key] == pytest.approx(value), key
     assert logged[1]["train/reward"] == pytest.approx(1.25)  # step 1: rewards 1, 1.25, 1.5
-    assert logged[2]["train/loss"] == pytest.approx(-0.5)
+    assert logged[2]["train/loss"] == pytest.approx(-0.5)  # logged directly: under its split
+    assert logged[2]["data/step_num_trajectories"] == 3
+    # ART's x-axes, as ART defines them: training_step for the splits' and sections'
+    # metrics, sft/gradient_step for an SFT batch's.
+    axes = {
+        record.metric.glob_name or record.metric.name: record.metric.step_metric
+        for file in _offline_runs(wandb_dir)
+        for record in wandb_records(file)
+        if record.WhichOneof("record_type") == "metric"
+    }
+    for glob in ("train/*", "val/*", "loss/*", "data/*", "time/*", "costs/*"):
+        assert axes[glob] == "training_step", glob
+    assert axes["sft/*"] == "sft/gradient_step"
+    assert "*" not in axes  # one catch-all would give sft/ the wrong axis
+
+
+def test_a_runs_w_and_b_run_is_named_by_its_run_name_as_in_art(tmp_path: Path) -> None:
+    art_path, wandb_dir = tmp_path / ".art", tmp_path / "wb"
+    wandb_dir.mkdir()
+    script = f"""
+import asyncio
+import art
+
+async def main():
+    model = art.TrainableModel(
+        name="agent", run_name="agent-run-2", project="obs", base_path={str(art_path)!r},
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct", report_metrics=["wandb"],
+    )
+    await model.log(metrics={{"loss": 1.0}}, split="train", step=0)
+
+asyncio.run(main())
+"""
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_API_KEY": ""}
+    result = run_python(script, env)
+    assert result.returncode == 0, result.stderr
+    runs = [read_wandb_run(file) for file in _offline_runs(wandb_dir)]
+    assert {(run.run_id, run.name) for run in runs} == {("agent-run-2", "agent-run-2")}
+    assert (art_path / "obs" / "models" / "agent-run-2" / "history.jsonl").is_file()
+    assert not (art_path / "obs" / "models" / "agent").exists()
 
 
 def test_online_without_a_key_warns_once_and_the_metrics_stay_in_history(tmp_path: Path) -> None:
@@ -225,7 +272,9 @@ def test_two_real_training_steps_reach_the_offline_run_at_their_steps(tmp_path: 
         f"{result.stderr[-3000:]}{logs}\n--- environment the script inherited: {seen}"
     )
     for row, sent in zip(history, run.history, strict=True):
-        assert {"train/loss", "train/grad_norm", "train/reward", "train/train_seconds"} <= set(row)
+        assert {"loss/train", "loss/grad_norm", "train/reward", "time/step_backend_train_s"} <= set(
+            row
+        )
         for key, value in row.items():
             if key not in ("step", "recorded_at"):
                 assert sent[key] == pytest.approx(value), key

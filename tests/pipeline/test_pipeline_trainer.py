@@ -251,6 +251,58 @@ async def test_no_variance_groups_are_dropped_and_staleness_stays_within_one_ste
     assert sorted(val_steps) == list(range(final + 1))
 
 
+async def test_rollouts_cost_as_train_and_evals_as_eval_as_in_art(
+    backend: LocalBackend, backend_path: Path
+) -> None:
+    from art.metrics import track_api_cost
+
+    usage: dict[str, object] = {"usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}
+
+    @track_api_cost(source="tools/search", provider="openai", model_name="openai/gpt-4.1")
+    async def search() -> dict[str, object]:  # $2.00 at gpt-4.1's $2 per million inputs
+        return usage
+
+    async def costly_rollout(
+        model: art.TrainableModel, scenario: dict[str, Any], config: None
+    ) -> Any:
+        await search()
+        return await rollout(model, scenario, config)
+
+    async def eval_fn(model: art.TrainableModel, step: int, config: None) -> list[art.Trajectory]:
+        await search()
+        return [
+            art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}], reward=1.0)
+        ]
+
+    model = await dedicated_model(backend, "costs")
+    scenarios = [scenario(i) for i in range(3)]
+    trainer = PipelineTrainer(
+        model,
+        backend,
+        costly_rollout,
+        scenarios,
+        None,
+        eval_fn,
+        eval_every_n_steps=1,
+        num_rollout_workers=3,
+        min_batch_size=1,
+        max_batch_size=3,
+        learning_rate=1e-4,
+    )
+    await trainer.train()
+
+    rows = history(store_dir(backend_path, model))
+    evals = [r for r in rows if "val/reward" in r]
+    # Every rollout finished before the last step trained, so each cost is in a train row.
+    train_costs = sum(r.get("costs/train/tools/search", 0.0) for r in rows)
+    eval_costs = sum(r.get("costs/eval/tools/search", 0.0) for r in rows)
+    assert train_costs == pytest.approx(2.0 * len(scenarios))
+    assert evals
+    assert eval_costs == pytest.approx(2.0 * len(evals))
+    assert not any("costs/eval/tools/search" in r for r in rows if "val/reward" not in r)
+    assert max(r.get("costs/cum/all", 0.0) for r in rows) == pytest.approx(train_costs + eval_costs)
+
+
 async def test_checkpoint_retention_keeps_the_recent_the_best_and_the_needed(
     backend: LocalBackend, backend_path: Path
 ) -> None:

@@ -353,7 +353,7 @@ async def test_register_train_log_delete_and_requests_interleaved(
     for step in on_disk:
         assert (run / "checkpoints" / f"{step:04d}" / "adapter_model.safetensors").is_file()
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert sum("train/loss" in row for row in rows) == 3  # one row per training step
+    assert sum("loss/train" in row for row in rows) == 3  # one row per training step
     assert sum("val/score" in row for row in rows) == 6  # one per log call
     async with httpx.AsyncClient() as http:  # the endpoint lists exactly what is on disk
         listed = await http.get(

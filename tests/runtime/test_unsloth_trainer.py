@@ -123,10 +123,10 @@ async def test_a_grpo_step_raises_the_rewarded_completion_and_lowers_the_others(
     assert after[0] > before[0] + 0.1, (before, after)
     for old, new in zip(before[1:], after[1:], strict=True):
         assert new < old, (before, after)
-    (row,) = [row for row in history(directory) if "train/loss" in row]
-    assert row["train/tokens_trained"] > 0
+    (row,) = [row for row in history(directory) if "loss/train" in row]
+    assert row["data/step_loss_bearing_tokens"] > 0
     assert row["train/peak_memory_gb"] > 0  # the child's own measurement
-    assert row["train/mean_ratio"] == pytest.approx(1.0, abs=0.05)  # fp32 on both sides
+    assert row["loss/importance_ratio_mean"] == pytest.approx(1.0, abs=0.05)  # fp32 on both sides
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -167,9 +167,9 @@ async def test_sft_trains_through_the_unsloth_trainer(
         for colour in ("Blue.", "Green.", "Red.", "Teal.")
     ]
     await model.train_sft(trajectories, art.TrainSFTConfig(learning_rate=1e-3, batch_size=2))
-    rows = [row for row in history(model_dir(backend, model)) if "train_sft/loss" in row]
+    rows = [row for row in history(model_dir(backend, model)) if "sft/loss/train" in row]
     assert len(rows) == 2
-    assert all(row["train_sft/tokens"] > 0 for row in rows)
+    assert all(row["sft/tokens"] > 0 for row in rows)
     assert await model.get_step() == 2
 
 
@@ -216,14 +216,14 @@ async def test_a_4bit_base_trains_with_bitsandbytes_cpu_backend(
         )
         await model.train([group], config=art.TrainConfig(learning_rate=2e-3))
         directory = model_dir(backend, model)
-        (row,) = [row for row in history(directory) if "train/loss" in row]
-        assert row["train/tokens_trained"] > 0
+        (row,) = [row for row in history(directory) if "loss/train" in row]
+        assert row["data/step_loss_bearing_tokens"] > 0
         # The engine samples from the bf16 base, the trainer trains against its 4-bit
         # quantization: the gap shows in the importance ratio, measured here, not hidden
         # (exactly 1.0 would mean the trainer compared itself with itself). No tighter
         # bound: the mean ratio of 16 sampled tokens is the draw's (0.45 in one CI run on
         # an AVX512-BF16 EPYC, inside 0.5-2 alone there), so a range would test the draw.
-        ratio = row["train/mean_ratio"]
+        ratio = row["loss/importance_ratio_mean"]
         assert math.isfinite(ratio), ratio
         assert ratio > 0, ratio
         assert ratio != pytest.approx(1.0, abs=1e-6), ratio

@@ -148,7 +148,7 @@ async def test_a_third_party_backend_registers_samples_trains_deletes_and_resume
     # The client logged both steps, as ART's model does on its side of the protocol.
     history = tmp_path / ".art" / "remote" / "models" / "agent" / "history.jsonl"
     rows = [json.loads(line) for line in history.read_text().splitlines()]
-    assert [row["step"] for row in rows if "train/loss" in row] == [0, 1]  # as LocalBackend logs
+    assert [row["step"] for row in rows if "loss/train" in row] == [0, 1]  # as LocalBackend logs
 
     await model.delete_checkpoints()  # no val/reward yet: only the latest is kept
     assert sorted(p.name for p in checkpoints.iterdir()) == ["0002"]

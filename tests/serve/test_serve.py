@@ -110,7 +110,7 @@ async def test_the_same_script_trains_one_step_on_every_backend(
     assert (run / "trajectories" / "train" / "0000.parquet").is_file()
     assert (run / "trajectories" / "val" / "0001.parquet").is_file()
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert "train/loss" in rows[0]
+    assert "loss/train" in rows[0]
     assert rows[-1]["val/reward"] == 1.0
 
 

@@ -238,12 +238,15 @@ def test_a_two_step_run_shows_curves_tool_calls_judge_and_failed_rollouts(
     # A curve per metric of history.jsonl, rewards first, each a drawn line over two steps.
     metrics = re.findall(r'<figure class="chart[^"]*" data-metric="([^"]+)"', dom)
     points = Counter(
-        key for row in store.read_history() for key in row if key not in ("step", "recorded_at")
+        key
+        for row in store.read_history()
+        for key in row
+        if key not in ("step", "recorded_at", "training_step")
     )
     assert set(metrics) == set(points)
     assert metrics[0] == "train/reward"
-    assert {"train/loss", "train/grad_norm", "train/exception_rate"} <= set(metrics)
-    assert points["train/loss"] == 2
+    assert {"loss/train", "loss/grad_norm", "train/exception_rate"} <= set(metrics)
+    assert points["loss/train"] == 2
     assert count(dom, "point") == sum(points.values())  # a circle per value
     assert count(dom, "line") == sum(1 for n in points.values() if n > 1)  # a path per curve
     assert count(dom, "group-row") == 0  # the browser is another view, not drawn yet
@@ -310,7 +313,7 @@ def test_thousands_of_trajectories_are_embedded_compactly_and_drawn_one_step_at_
             ]
             groups.append(art.TrajectoryGroup(trajectories, metadata={"scenario": g}))
         store.write_trajectories("train", step, groups)
-        store.append_history(step, {"train/reward": 0.48, "train/loss": 1 / (step + 1)})
+        store.append_history(step, {"train/reward": 0.48, "loss/train": 1 / (step + 1)})
     stored = sum(p.stat().st_size for p in (store.dir / "trajectories").rglob("*.parquet"))
 
     page = write_page(art_path, project="big", out=tmp_path / "big.html")
@@ -522,7 +525,7 @@ def test_a_long_run_draws_each_curve_as_one_line_without_a_dot_per_step(
 ) -> None:
     store = ModelStore(art_path, "long", "agent")
     for step in range(300):
-        store.append_history(step, {"train/reward": step / 300, "train/loss": 1 / (step + 1)})
+        store.append_history(step, {"train/reward": step / 300, "loss/train": 1 / (step + 1)})
     page = write_page(art_path, out=tmp_path / "long.html")
 
     dom, console = browse(page, tmp_path / "profile")
@@ -541,7 +544,7 @@ def test_sft_batches_draw_as_a_curve_between_the_steps_they_made(
     for batch in range(4):
         store.append_history(
             1,
-            {"train_sft/loss": 2.0 / (batch + 1), "train_sft/batch": batch, "train_sft/batches": 4},
+            {"sft/loss/train": 2.0 / (batch + 1), "sft/gradient_step": batch + 1, "sft/batches": 4},
         )
     store.append_history(2, {"train/reward": 0.5})
     page = write_page(art_path, out=tmp_path / "sft.html")
@@ -549,6 +552,8 @@ def test_sft_batches_draw_as_a_curve_between_the_steps_they_made(
     dom, console = browse(page, tmp_path / "profile")
     assert console == []
     assert "last 0.5 at step 1, batch 4 of 4" in dom
-    assert "train_sft/loss at step 1, batch 1 of 4: 2" in dom
+    assert "sft/loss/train at step 1, batch 1 of 4: 2" in dom
     assert "last 0.5 at step 2" in dom
-    assert 'data-metric="train_sft/batch"' not in dom  # the batch index places points only
+    # the batch index places points only, and so does the step W&B plots against
+    for placing in ("sft/gradient_step", "sft/batches", "training_step"):
+        assert f'data-metric="{placing}"' not in dom

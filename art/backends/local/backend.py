@@ -90,12 +90,12 @@ class LocalBackend:
         return config.trainer_gpu_ids is not None and config.inference_gpu_ids is not None
 
     def _store(self, model: Model) -> ModelStore:
-        return ModelStore(self.path, model.project, model.name)
+        return ModelStore(self.path, model.project, model.storage_name)
 
     def _lock(self, model: Model) -> asyncio.Lock:
         # One writer per model at a time: two concurrent `log` calls must not both
         # read-modify-write the same Parquet file or history.
-        return self._locks.setdefault(f"{model.project}/{model.name}", asyncio.Lock())
+        return self._locks.setdefault(f"{model.project}/{model.storage_name}", asyncio.Lock())
 
     async def register(self, model: Model) -> InferenceEndpoint | None:
         store = self._store(model)
@@ -105,6 +105,8 @@ class LocalBackend:
             "trainable": model.trainable,
             "config": model.config,
         }
+        if model.storage_name != model.name:  # (absent, model.json is as it always was)
+            record["run_name"] = model.storage_name
         if isinstance(model, TrainableModel):
             record["base_model"] = model.base_model
             record["internal_config"] = model.internal_config.model_dump(mode="json")
@@ -124,7 +126,7 @@ class LocalBackend:
         async with self._lock(model):
             await asyncio.to_thread(store.write_model, record)
         if isinstance(model, TrainableModel):
-            self._served.add(f"{model.project}/{model.name}")
+            self._served.add(f"{model.project}/{model.storage_name}")
         return endpoint
 
     async def get_step(self, model: Model) -> int:
@@ -187,7 +189,7 @@ class LocalBackend:
         if not directory.is_dir():
             raise ConfigError(
                 "kl_penalty_reference_step",
-                f"is {step}, but {model.project}/{model.name} has no checkpoint there "
+                f"is {step}, but {model.project}/{model.storage_name} has no checkpoint there "
                 f"(it has steps {store.checkpoint_steps()})",
                 "Name a step it still has (model.delete_checkpoints may have removed it)",
             )
@@ -208,16 +210,16 @@ class LocalBackend:
             if verbose:
                 trajectories = sum(len(group.trajectories) for group in groups)
                 print(
-                    f"[{model.project}/{model.name}] training step {store.step() + 1} on "
+                    f"[{model.project}/{model.storage_name}] training step {store.step() + 1} on "
                     f"{len(groups)} groups ({trajectories} trajectories), "
                     f"learning_rate={config.learning_rate:g}"
                 )
             metrics = await asyncio.to_thread(
-                service.train, model.project, model.name, groups, config, dev_config
+                service.train, model.project, model.storage_name, groups, config, dev_config
             )
             if verbose:
                 print(
-                    f"[{model.project}/{model.name}] saved and serving "
+                    f"[{model.project}/{model.storage_name}] saved and serving "
                     f"{store.checkpoint_dir(store.step())}"
                 )
             return metrics
@@ -239,18 +241,20 @@ class LocalBackend:
             spool, count = await asyncio.to_thread(spool_examples, examples, store.dir)
             try:
                 if count == 0:
-                    logger.warning("%s: train_sft got no trajectories; nothing trained", model.name)
+                    logger.warning(
+                        "%s: train_sft got no trajectories; nothing trained", model.storage_name
+                    )
                     return []
                 if verbose:
                     print(
-                        f"[{model.project}/{model.name}] SFT on {count} trajectories, "
+                        f"[{model.project}/{model.storage_name}] SFT on {count} trajectories, "
                         f"batch_size={config.resolved_batch_size()}, making checkpoint "
                         f"{store.step() + 1}"
                     )
                 rows = await asyncio.to_thread(
                     service.train_sft,
                     model.project,
-                    model.name,
+                    model.storage_name,
                     str(spool),
                     config.learning_rate,
                     config.resolved_batch_size(),
@@ -260,7 +264,7 @@ class LocalBackend:
                 spool.unlink(missing_ok=True)
             if verbose:
                 print(
-                    f"[{model.project}/{model.name}] saved and serving {store.checkpoint_dir(store.step())}"
+                    f"[{model.project}/{model.storage_name}] saved and serving {store.checkpoint_dir(store.step())}"
                 )
             return rows
 
@@ -322,9 +326,9 @@ class LocalBackend:
             source_dir = await asyncio.to_thread(
                 fork_checkpoint, self._store(model), model.base_model, source, not_after_step
             )
-            await asyncio.to_thread(service.continue_from_latest, model.project, model.name)
+            await asyncio.to_thread(service.continue_from_latest, model.project, model.storage_name)
         if verbose:
-            print(f"[{model.project}/{model.name}] forked {source_dir}")
+            print(f"[{model.project}/{model.storage_name}] forked {source_dir}")
 
     async def _pull_fork_source(
         self,
@@ -381,7 +385,7 @@ class LocalBackend:
 
         async with self._lock(model):
             await push_model_to_s3(
-                model.name, model.project, s3_bucket, prefix, verbose, delete, self.path
+                model.storage_name, model.project, s3_bucket, prefix, verbose, delete, self.path
             )
 
     async def _experimental_pull_from_s3(
@@ -433,7 +437,7 @@ class LocalBackend:
         wanted = step if step is not None else ("latest" if latest_only else only_step)
         if wanted == "latest":
             wanted = await s3.get_latest_checkpoint_step_from_s3(
-                model.name, model.project, s3_bucket, prefix
+                model.storage_name, model.project, s3_bucket, prefix
             )
             if wanted is None:
                 if verbose:
@@ -442,7 +446,7 @@ class LocalBackend:
         async with self._lock(model):
             before = await self.get_step(model)
             await s3.pull_model_from_s3(
-                model.name,
+                model.storage_name,
                 model.project,
                 wanted,
                 s3_bucket,
@@ -477,14 +481,14 @@ class LocalBackend:
             local = store.step() or None
             remote = (
                 await s3.get_latest_checkpoint_step_from_s3(
-                    model.name, model.project, s3_bucket, prefix
+                    model.storage_name, model.project, s3_bucket, prefix
                 )
                 if s3_bucket is not None
                 else None
             )
             if local is None and remote is None:
                 raise FileNotFoundError(
-                    f"No checkpoints found for {model.project}/{model.name} in {store.dir}"
+                    f"No checkpoints found for {model.project}/{model.storage_name} in {store.dir}"
                     + (f" or in S3 bucket {s3_bucket!r}" if s3_bucket is not None else "")
                 )
             resolved = max(found for found in (local, remote) if found is not None)
@@ -501,7 +505,7 @@ class LocalBackend:
             async with self._lock(model):
                 before = await self.get_step(model)
                 await s3.pull_model_from_s3(
-                    model.name,
+                    model.storage_name,
                     model.project,
                     resolved,
                     s3_bucket,
@@ -520,14 +524,18 @@ class LocalBackend:
     async def _serve_latest_if_moved(self, model: Model, before: int) -> None:
         """A registered model whose latest checkpoint a pull changed trains and serves
         on from it (as after a fork); the caller holds the model's lock."""
-        served = self._service is not None and f"{model.project}/{model.name}" in self._served
+        served = (
+            self._service is not None and f"{model.project}/{model.storage_name}" in self._served
+        )
         if served and self._service is not None and await self.get_step(model) != before:
-            await asyncio.to_thread(self._service.continue_from_latest, model.project, model.name)
+            await asyncio.to_thread(
+                self._service.continue_from_latest, model.project, model.storage_name
+            )
 
     async def _forget(self, model: Model, deleted: list[int]) -> None:
         if deleted and self._service is not None:  # an engine may still hold them
             await asyncio.to_thread(
-                self._service.forget_deleted_checkpoints, model.project, model.name
+                self._service.forget_deleted_checkpoints, model.project, model.storage_name
             )
 
     async def close(self) -> None:

@@ -1,11 +1,12 @@
 """Every history row of a model, in that model's W&B run.
 
-One run per model: project `model.project`, name and id `model.name` (ART's choice, so a
-run ART started is continued), entity `model.entity` (or W&B's default). `resume="allow"`
+One run per model: project `model.project`, name and id `model.storage_name` (a trainable
+model's `run_name`: ART's choice, so a run ART started is continued), entity `model.entity` (or W&B's default). `resume="allow"`
 makes a second process on the same model continue the same run instead of starting one
-per process. Each row is logged with its step as `training_step`, which every metric
-is plotted against (`define_metric`), so a row logged late (a validation of an earlier
-step) still lands at its own step.
+per process. Each row is logged under its `history.jsonl` names (ART 0.5.23's) with its
+step as `training_step`, which every metric is plotted against (`define_metric`, as ART
+defines it), so a row logged late (a validation of an earlier step) still lands at its own
+step; an SFT batch's `sft/...` metrics are plotted against `sft/gradient_step`.
 
 W&B is driven from one worker thread per model: `wandb.init` can take seconds (or, for
 an unreachable server, until its timeout), and a training step never waits for it. A
@@ -23,6 +24,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ...core.history_keys import METRIC_SECTIONS, METRIC_SPLITS, TRAINING_STEP_KEY
+from ...core.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
 from ._warn import logger, warn_once
 
 if TYPE_CHECKING:
@@ -36,6 +39,8 @@ _EXIT_WAIT_SECONDS = 60.0
 _INIT_TIMEOUT_SECONDS = 30.0
 
 _Row = tuple[int, dict[str, float]]
+# The first parts whose metrics ART plots against `training_step` by one glob each.
+_STEPPED_HEADS = METRIC_SPLITS | METRIC_SECTIONS
 _Config = dict[str, Any]  # Model.update_wandb_config's, merged into the run's config
 
 
@@ -84,6 +89,7 @@ class ModelRun:
         # Registered again after wandb.init, so it also runs before W&B's own exit hook
         # (last in, first out) and the rows still queued reach the run before it closes.
         atexit.register(self.finish, _EXIT_WAIT_SECONDS)
+        defined: set[str] = set()
         while (item := self._rows.get()) is not None:
             try:
                 if isinstance(item, dict):
@@ -92,7 +98,8 @@ class ModelRun:
                     run.config.update(item, allow_val_change=True)
                     continue
                 step, metrics = item
-                run.log({**metrics, "training_step": step})
+                _define_other_keys(run, metrics, defined)
+                run.log({**metrics, TRAINING_STEP_KEY: step})
             except Exception as error:  # W&B broke mid-run: say so, keep training
                 warn_once(
                     f"wandb-log:{self.label}",
@@ -140,8 +147,7 @@ class ModelRun:
                 resume="allow",
                 reinit="create_new",  # one run per model, several models per process
             )
-            run.define_metric("training_step")
-            run.define_metric("*", step_metric="training_step")
+            _define_step_metrics(run)
         except Exception as error:
             warn_once(
                 f"wandb-init:{self.label}",
@@ -156,6 +162,27 @@ class ModelRun:
         return run
 
 
+def _define_step_metrics(run: Any) -> None:
+    """ART's x-axes: `training_step` for each split's and section's metrics,
+    `sft/gradient_step` for an SFT batch's."""
+    run.define_metric(TRAINING_STEP_KEY)
+    run.define_metric(SFT_WANDB_GRADIENT_STEP_KEY)
+    for head in sorted(_STEPPED_HEADS):
+        run.define_metric(f"{head}/*", step_metric=TRAINING_STEP_KEY)
+    run.define_metric(f"{SFT_METRIC_PREFIX}/*", step_metric=SFT_WANDB_GRADIENT_STEP_KEY)
+
+
+def _define_other_keys(run: Any, metrics: dict[str, float], defined: set[str]) -> None:
+    """A key under none of those first parts (a split of the user's own, `eval/...`) is
+    plotted against `training_step` too, defined once, as ART defines its custom keys."""
+    for key in metrics:
+        head = key.split("/", 1)[0]
+        if key in defined or head in _STEPPED_HEADS or head == SFT_METRIC_PREFIX:
+            continue
+        run.define_metric(key, step_metric=TRAINING_STEP_KEY)
+        defined.add(key)
+
+
 _runs: dict[tuple[str | None, str, str], ModelRun] = {}
 _runs_lock = threading.Lock()
 
@@ -163,7 +190,7 @@ _runs_lock = threading.Lock()
 def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
     """Queue one history row for the model's run (started on the first row, with the
     model's `update_wandb_config` config)."""
-    key = (model.entity, model.project, model.name)
+    key = (model.entity, model.project, model.storage_name)
     with _runs_lock:
         run = _runs.get(key)
         if run is None:
@@ -176,7 +203,7 @@ def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
 
 def update_wandb_config(model: Model) -> None:
     """Send the model's config to its run if one is open (else its first row does)."""
-    key = (model.entity, model.project, model.name)
+    key = (model.entity, model.project, model.storage_name)
     with _runs_lock:
         run = _runs.get(key)
     if run is not None:

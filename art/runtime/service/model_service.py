@@ -1,7 +1,8 @@
 """The model service: loads base models, serves them over HTTP, trains their adapters.
 
 One `ModelService` holds every trainable model registered with a LocalBackend (or
-`art serve`). Models that share a base model share its weights and its engine; each has
+`art serve`), keyed by `project/run_name` (a registration's `run_name`, else its `name`:
+its store and the name its methods take) and served under `name`. Models that share a base model share its weights and its engine; each has
 its own LoRA adapter (`registry.py`). Names route to an engine and an adapter:
 `project/name` (the latest step) and `project/name@step` (any checkpoint on disk), which
 is what `model.get_inference_name()` returns, and plain `name` / `name@step` while no
@@ -54,7 +55,7 @@ from ..engines.start import require_engine, start_engine
 from ..torch_thread import shared as torch_thread
 from .checkpoints import CheckpointCache
 from .placement import Placement, Trainer, TrainerSpec
-from .registry import LoadedBase, TrainedModel, adapter_name, on_training_model
+from .registry import LoadedBase, TrainedModel, adapter_name, on_training_model, run_name_of
 from .sft import train_sft
 from .training import claim_writer_lock, publish, train_step
 
@@ -117,8 +118,15 @@ class ModelService:
         `art serve` calls this: it serves the models on its own app.
         """
         with self._registry_lock:
-            key = f"{record['project']}/{record['name']}"
+            key = f"{record['project']}/{run_name_of(record)}"
             loaded = self._models.get(key)
+            if loaded is not None and loaded.name != record["name"]:
+                raise ConfigError(
+                    "name",
+                    f"run {key!r} is served as {loaded.name!r} by this backend, not "
+                    f"{record['name']!r}",
+                    f"Register it with name={loaded.name!r}, or close the backend first",
+                )
             if loaded is not None:
                 refuse_changed_registration(
                     {
@@ -132,7 +140,22 @@ class ModelService:
                 )
                 return
             self._refuse_shadowing(record)
+            self._refuse_shared_route(record)
             self._models[key] = self._load_trained(record)
+
+    def _refuse_shared_route(self, record: dict[str, Any]) -> None:
+        """Two runs of one project may not be served under one name: requests for it
+        would reach either."""
+        for other in self._models.values():
+            if (other.project, other.name) == (record["project"], record["name"]):
+                raise ConfigError(
+                    "run_name",
+                    f"run {run_name_of(record)!r} would be served as "
+                    f"{served_name(other.project, other.name)!r}, which this backend already "
+                    f"serves for run {other.run_name!r}",
+                    "Give this run another name (the alias it is served under), or close "
+                    "the backend that serves the other run first",
+                )
 
     def _refuse_shadowing(self, record: dict[str, Any]) -> None:
         """A base model's name always means the base: a trainable model may not be served
@@ -225,11 +248,11 @@ class ModelService:
             )
         resolved = models.resolve(record["base_model"])
         base = self._base_for(resolved, config)
-        store = ModelStore(self.path, record["project"], record["name"])
+        store = ModelStore(self.path, record["project"], run_name_of(record))
         start_from = (
             store.checkpoint_dir(store.step()) if store.checkpoint_steps() else resolved.adapter_dir
         )
-        adapter = adapter_name(record["name"], next(self._adapter_ids))
+        adapter = adapter_name(run_name_of(record), next(self._adapter_ids))
 
         def add() -> TrainedModel:
             base.model = add_adapter(
@@ -269,6 +292,7 @@ class ModelService:
             trained = TrainedModel(
                 record["project"],
                 record["name"],
+                run_name_of(record),
                 base,
                 adapter,
                 store,

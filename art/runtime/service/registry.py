@@ -48,7 +48,8 @@ class TrainedModel:
     """A registered trainable model."""
 
     project: str
-    name: str
+    name: str  # the alias it is served under (`project/name`, `name@step`)
+    run_name: str  # its durable name: its store, its key in the service (ART 0.5.23's)
     base: LoadedBase
     adapter: str  # its adapter's name in the training model
     store: ModelStore
@@ -91,6 +92,11 @@ def on_training_model(base: LoadedBase, work: Callable[[], T], torch_thread: Tor
         return torch_thread.run(held)
 
 
+def run_name_of(record: dict[str, Any]) -> str:
+    """A registration's durable name: its `run_name`, else its `name`."""
+    return str(record.get("run_name") or record["name"])
+
+
 def adapter_name(model_name: str, index: int) -> str:
     """A PEFT adapter name for a model: unique in the process, and without '.' (PEFT keeps
     adapters in a ModuleDict, whose keys cannot contain one)."""
@@ -104,4 +110,5 @@ __all__ = [
     "TrainedModel",
     "adapter_name",
     "on_training_model",
+    "run_name_of",
 ]

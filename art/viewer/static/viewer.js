@@ -39,6 +39,19 @@ const MEANINGS = {
   rollout_seconds: "wall time since the previous step ended: this step's rollouts",
   ruler_score: "RULER's score",
   independent_reward: "the reward before RULER replaced it",
+  // ART's names (docs/reference/storage.md), looked up whole before the last part
+  "loss/train": "the step's objective (token-level mean over trained tokens)",
+  "loss/kl_div": "k3 estimate of KL(policy || base) on trained tokens",
+  "loss/grad_norm": "global gradient norm before clipping",
+  "loss/entropy": "mean entropy of the policy's next-token distribution on trained tokens",
+  "loss/clipped_token_fraction": "share of trained tokens whose importance ratio was clipped",
+  "loss/importance_ratio_mean": "mean importance ratio (about 1 on policy)",
+  "data/step_loss_bearing_tokens": "tokens the step trained on",
+  "data/step_num_trajectories": "rollouts in the batch, the ones that raised included",
+  "data/step_num_groups_trainable": "groups whose rewards differ, the only ones a GRPO step learns from",
+  "time/step_backend_train_s": "wall time of the training call",
+  "time/step_rollout_s": "wall time since the previous step ended: this step's rollouts",
+  "sft/loss/train": "the SFT batch's mean loss over its assistant tokens",
 };
 
 // view: "metrics" (the curves) or "trajectories" (the browser)
@@ -266,7 +279,7 @@ function chart(series) {
     readout.textContent = "";
   });
   const last = points[points.length - 1];
-  const metric = series.name.split("/").pop();
+  const metric = series.name in MEANINGS ? series.name : series.name.split("/").pop();
   return h("figure", { class: series.name.endsWith("/reward") || series.name === "reward" ? "chart reward" : "chart", "data-metric": series.name },
     h("figcaption", { title: MEANINGS[metric] || "" },
       h("b", {}, series.name),

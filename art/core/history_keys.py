@@ -1,0 +1,176 @@
+"""The keys of a `history.jsonl` row: ART's taxonomy for ART's metrics, ours beside them.
+
+ART 0.5.23 names a row's metrics two ways. Metrics of a section keep the section as their
+first part, whatever the split: `loss/train`, `loss/grad_norm`, `time/step_backend_train_s`,
+`data/step_num_groups_trainable`, `costs/...`. Everything else is put under its split:
+`train/reward`, `val/exception_rate`, `val/<trajectory metric>`, `val/group/<group metric>`,
+and SFT batches under `sft/` (`sft/loss/train`, `sft/gradient_step`). Every row also holds
+`training_step`, the step it belongs to, which W&B plots every metric against.
+
+Our own metrics, which ART has no name for (`tokens_trained`, `peak_memory_gb`,
+`num_exceptions`, `completion_tokens`, ...), keep their names under the split:
+`train/peak_memory_gb`, `sft/tokens`.
+
+Rows written before this naming (up to commit f6168ca) have no `training_step` and put
+every key under its split (`train/loss`, `train_sft/loss`, `val/group_hops`):
+`migrate_history_row` renames them as they are read. Such a row cannot say which of its
+`train/` keys a user logged directly; a user's `train/loss` reads as `loss/train` too.
+
+This module names keys only; `ModelStore` reads and writes the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .metrics_taxonomy import SFT_GRADIENT_STEP_KEY, SFT_METRIC_PREFIX
+
+# The first parts that make a key a section's, not a split's (ART 0.5.23's model.py).
+METRIC_SECTIONS = frozenset(
+    {
+        "costs",
+        "data",
+        "discarded",
+        "loss",
+        "objective",
+        "offpolicy",
+        "pipeline",
+        "pipeline_settings",
+        "queue",
+        "sample_efficiency",
+        "throughput",
+        "time",
+        "vllm",
+    }
+)
+METRIC_SPLITS = frozenset({"train", "val", "test"})
+TRAINING_STEP_KEY = "training_step"
+
+# The split our SFT rows were written under before they took ART's.
+LEGACY_SFT_SPLIT = "train_sft"
+
+# What our trainer reports, by ART's name (a train step's row).
+_TRAINER_KEYS = {
+    "loss": "loss/train",  # the objective minimized: the policy loss, plus beta * kl
+    "entropy": "loss/entropy",
+    "kl": "loss/kl_div",
+    "kl_policy_ref": "loss/kl_policy_ref",
+    "grad_norm": "loss/grad_norm",
+    "learning_rate": "loss/learning_rate",
+    "mean_ratio": "loss/importance_ratio_mean",
+    "clip_fraction": "loss/clipped_token_fraction",
+    "tokens_trained": "data/step_loss_bearing_tokens",
+    "train_seconds": "time/step_backend_train_s",
+    "rollout_seconds": "time/step_rollout_s",
+}
+# What an SFT batch reports, by ART's name under `sft/`.
+_SFT_KEYS = {
+    "loss": "loss/train",
+    "entropy": "loss/entropy",
+    "grad_norm": "loss/grad_norm",
+    "learning_rate": "loss/learning_rate",
+}
+_ROW_FIELDS = ("step", "recorded_at")
+
+
+def qualify_metric_key(key: str, split: str) -> str:
+    """The history key of a metric logged directly (`model.log(metrics=...)`), as ART names it.
+
+    A key whose first part is a section (`loss/...`, `costs/...`) or a split
+    (`val/...`) is kept; any other is put under `split`. Under the `sft` split only
+    `sft/...` keys are kept.
+    """
+    head = key.split("/", 1)[0]
+    if split == SFT_METRIC_PREFIX:
+        return key if head == SFT_METRIC_PREFIX else f"{split}/{key}"
+    if "/" in key and (head in METRIC_SECTIONS or head in METRIC_SPLITS):
+        return key
+    return f"{split}/{key}"
+
+
+def batch_keys(split: str, figures: Mapping[str, float]) -> dict[str, float]:
+    """A batch's figures (`art.core.metrics.group_metrics`), keyed as ART keys them.
+
+    The counts become ART's `data/step_*` metrics (split-prefixed outside `train`, and
+    the trainable-group count only for `train`, as ART does); `num_trajectories` there
+    counts every rollout, the ones that raised included. `group_<name>` becomes
+    `<split>/group/<name>`; the rest go under the split.
+    """
+    figures = dict(figures)
+    row: dict[str, float] = {}
+    data = "data" if split == "train" else f"{split}/data"
+    if "num_groups" in figures:
+        groups = figures.pop("num_groups")
+        row[f"{data}/step_num_scenarios"] = groups
+        row[f"{data}/step_num_groups_submitted"] = groups
+    if "num_trajectories" in figures:
+        finished = figures.pop("num_trajectories")
+        row[f"{data}/step_num_trajectories"] = finished + figures.get("num_exceptions", 0)
+    if split == "train" and "trainable_groups" in figures:
+        row["data/step_num_groups_trainable"] = figures.pop("trainable_groups")
+    for key, value in figures.items():
+        if key.startswith("group_"):
+            row[f"{split}/group/{key.removeprefix('group_')}"] = value
+        else:
+            row[f"{split}/{key}"] = value
+    return row
+
+
+def trainer_keys(split: str, figures: Mapping[str, float]) -> dict[str, float]:
+    """A trainer's figures (one RL step's, or one SFT batch's), keyed as ART keys them.
+
+    Under `sft`, `batch` (0-based) becomes ART's `sft/gradient_step` (1-based). Figures
+    ART has no name for stay ours, under the split.
+    """
+    row: dict[str, float] = {}
+    names = _SFT_KEYS if split == SFT_METRIC_PREFIX else _TRAINER_KEYS
+    for key, value in figures.items():
+        if split == SFT_METRIC_PREFIX and key == "batch":
+            row[f"{SFT_METRIC_PREFIX}/{SFT_GRADIENT_STEP_KEY}"] = value + 1
+        elif key in names and split in (SFT_METRIC_PREFIX, "train"):
+            art_key = names[key]
+            row[f"{split}/{art_key}" if split == SFT_METRIC_PREFIX else art_key] = value
+        else:
+            row[f"{split}/{key}"] = value
+    return row
+
+
+def migrate_history_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as this version writes it. A row that has `training_step` is already so and
+    comes back unchanged; an older row is renamed (see the module docstring)."""
+    if TRAINING_STEP_KEY in row:
+        return dict(row)
+    migrated: dict[str, Any] = {field: row[field] for field in _ROW_FIELDS if field in row}
+    by_split: dict[str, dict[str, Any]] = {}
+    for key, value in row.items():
+        if key in _ROW_FIELDS:
+            continue
+        split, slash, metric = key.partition("/")
+        if not slash:
+            migrated[key] = value  # no split to read; written by hand, kept as it is
+            continue
+        by_split.setdefault(split, {})[metric] = value
+    for split, figures in by_split.items():
+        if split == LEGACY_SFT_SPLIT:
+            migrated.update(trainer_keys(SFT_METRIC_PREFIX, figures))
+            continue
+        trained = {k: v for k, v in figures.items() if k in _TRAINER_KEYS}
+        counted = {k: v for k, v in figures.items() if k not in trained}
+        migrated.update(batch_keys(split, counted))
+        migrated.update(trainer_keys(split, trained))
+    if isinstance(row.get("step"), int):
+        migrated[TRAINING_STEP_KEY] = row["step"]
+    return migrated
+
+
+__all__ = [
+    "LEGACY_SFT_SPLIT",
+    "METRIC_SECTIONS",
+    "METRIC_SPLITS",
+    "TRAINING_STEP_KEY",
+    "batch_keys",
+    "migrate_history_row",
+    "qualify_metric_key",
+    "trainer_keys",
+]
