@@ -436,9 +436,10 @@ async def ours_grpo(
 
 
 def _last_tokens_trained(history: Path) -> float:
-    """`train/tokens_trained` of the last training row of a model's history.jsonl."""
+    """The tokens the last training row of a model's history.jsonl trained (ART's name)."""
+    key = "data/step_loss_bearing_tokens"
     rows = [json.loads(line) for line in history.read_text().splitlines()]
-    return float([row for row in rows if "train/tokens_trained" in row][-1]["train/tokens_trained"])
+    return float([row for row in rows if key in row][-1][key])
 
 
 def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str) -> StepTimes:

@@ -202,7 +202,7 @@ def read_train_rewards(store: Path) -> tuple[list[float], int]:
         row = json.loads(line)
         if "train/reward" in row:
             rewards.append(row["train/reward"])
-            trained += int(row["train/num_trajectories"])
+            trained += int(row["data/step_num_trajectories"])
     return rewards, trained
 
 

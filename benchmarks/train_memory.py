@@ -206,7 +206,7 @@ async def one_setting(
                 for line in (Path(path) / "bench/models/mem/history.jsonl").read_text().splitlines()
             ]
             train_row = rows[-1]
-            result["tokens_trained"] = train_row.get("train/tokens_trained")
+            result["tokens_trained"] = train_row.get("data/step_loss_bearing_tokens")
             result["trainer_peak_gb"] = train_row.get("train/peak_memory_gb")
         except Exception as error:  # a killed service is the result being measured
             result["error"] = f"{type(error).__name__}: {str(error)[:200]}"

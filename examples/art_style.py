@@ -73,7 +73,7 @@ async def main(steps: int, path: str, serverless: str | None) -> None:
         await model.log(groups, split="train")
         result = await backend.train(model, groups, learning_rate=5e-5, **options)
         await model.log(metrics=result.metrics, step=result.step)
-        print(f"step {result.step}: loss {result.metrics['loss']:.4f}")
+        print(f"step {result.step}: loss {result.metrics['loss/train']:.4f}")
     await backend.close()
     # --8<-- [end:loop]
 

@@ -126,7 +126,10 @@ def trainer_keys(split: str, figures: Mapping[str, float]) -> dict[str, float]:
     row: dict[str, float] = {}
     names = _SFT_KEYS if split == SFT_METRIC_PREFIX else _TRAINER_KEYS
     for key, value in figures.items():
-        if split == SFT_METRIC_PREFIX and key == "batch":
+        head = key.split("/", 1)[0]
+        if "/" in key and (head in METRIC_SECTIONS or head in METRIC_SPLITS):
+            row[key] = value  # named already: a remote trainer's (art run, art serve), as ART's
+        elif split == SFT_METRIC_PREFIX and key == "batch":
             row[f"{SFT_METRIC_PREFIX}/{SFT_GRADIENT_STEP_KEY}"] = value + 1
         elif key in names and split in (SFT_METRIC_PREFIX, "train"):
             art_key = names[key]

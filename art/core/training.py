@@ -98,9 +98,11 @@ async def run_step(
     figures = group_metrics(groups)
     metrics: dict[str, float] = figures | trainer_metrics | (extra_metrics or {})
     metrics["train_seconds"] = time.monotonic() - started
-    if not log:
-        return StepResult(step, metrics)
     extra = extra_metrics or {}
+    if not log:
+        # ART 0.5.23's backend.train returns its metrics under ART's names, so that
+        # `model.log(metrics=result.metrics, step=result.step)` logs them as ART does.
+        return StepResult(step, _art_named(metrics, figures, extra))
     if metrics["num_trajectories"] and not metrics["trainable_groups"]:
         logger.warning(
             "%s step %d: every group's rewards are equal, so this step learned nothing; "
@@ -114,14 +116,20 @@ async def run_step(
     if verbose:
         shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
         print(f"[{model.name}] step {step} -> {step + 1}: {shown}")
+    await record(backend, model, [], "train", step, _art_named(metrics, figures, extra))
+    return StepResult(step, metrics)
+
+
+def _art_named(
+    metrics: dict[str, float], figures: dict[str, float], extra: dict[str, float]
+) -> dict[str, float]:
+    """A step's metrics as its history row names them (ART's taxonomy, ours beside)."""
     trained = {k: v for k, v in metrics.items() if k not in figures and k not in extra}
-    row = (
+    return (
         batch_keys("train", figures)
         | trainer_keys("train", trained)
         | {qualify_metric_key(k, "train"): v for k, v in extra.items()}
     )
-    await record(backend, model, [], "train", step, row)
-    return StepResult(step, metrics)
 
 
 async def run_sft(

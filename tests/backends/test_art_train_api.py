@@ -150,14 +150,14 @@ async def test_an_art_0_5_18_script_trains_one_step_and_logs_it_itself(
     assert result.step == 1 == await model.get_step()
     assert result.checkpoint_path == str(run / "checkpoints" / "0001")
     assert (Path(result.checkpoint_path) / "adapter_model.safetensors").is_file()
-    assert math.isfinite(result.metrics["loss"])
-    assert result.metrics["num_trajectories"] == 6
+    assert math.isfinite(result.metrics["loss/train"])
+    assert result.metrics["data/step_num_trajectories"] == 6
 
     rows = history(run)  # the groups' row, then the metrics row: each once
     assert [row["step"] for row in rows] == [0, 1]
     assert rows[0]["data/step_num_trajectories"] == 6
     assert not any(key.endswith("/loss") or key.startswith("loss/") for key in rows[0])
-    assert rows[1]["val/loss"] == result.metrics["loss"]
+    assert rows[1]["loss/train"] == result.metrics["loss/train"]  # ART's name, kept as logged
     table = pq.read_table(run / "trajectories" / "train" / "0000.parquet")
     assert table.num_rows == 6  # backend.train logged nothing itself
 
@@ -248,7 +248,7 @@ async def test_ppo_reaches_the_trainer_and_save_checkpoint_false_reports_no_path
     )
 
     assert result.step == step + 1
-    loss = result.metrics["loss"]
+    loss = result.metrics["loss/train"]
     assert abs(loss - ppo) < abs(loss - cispo) / 2
     assert result.checkpoint_path is None
     # As in ART, the checkpoint is written (and served) all the same.
@@ -273,8 +273,8 @@ async def test_arts_loss_shapings_reach_the_trainer(
         mask_prob_ratio=True,
         kimi_k2_tau=0.1,
     )
-    assert abs(result.metrics["kl_policy_ref"]) > 1e-4
-    assert math.isfinite(result.metrics["loss"])
+    assert abs(result.metrics["loss/kl_policy_ref"]) > 1e-4
+    assert math.isfinite(result.metrics["loss/train"])
     assert "kl_policy_ref" not in (await backend.train(model, await gather_groups(model))).metrics
 
 
@@ -339,7 +339,7 @@ async def test_serverless_backend_train_returns_a_serverless_train_result(server
     assert type(result) is art.ServerlessTrainResult
     assert result.step == 1 == await model.get_step()
     assert result.artifact_name == "local/train-api/remote:step1"
-    assert math.isfinite(result.metrics["loss"])
+    assert math.isfinite(result.metrics["loss/train"])
 
     # A bad value is refused by the server, by keyword, before a step starts.
     with pytest.raises(art.ConfigError) as refused:
@@ -520,7 +520,7 @@ async def test_the_learning_rate_follows_the_number_of_trajectories_trained(
     result = await backend.train(
         model, groups, learning_rate=1e-3, num_trajectories_learning_rate_multiplier_power=0.5
     )
-    assert result.metrics["learning_rate"] == pytest.approx(1e-3 * trained**0.5)
+    assert result.metrics["loss/learning_rate"] == pytest.approx(1e-3 * trained**0.5)
 
 
 async def test_arts_packing_keywords_reach_the_trainer(backend: LocalBackend) -> None:
@@ -539,9 +539,14 @@ async def test_arts_packing_keywords_reach_the_trainer(backend: LocalBackend) ->
         packed_sequence_length=512,
         logprob_calculation_chunk_size=4096,
     )
-    assert packed.metrics["sequences_dropped"] == 0
-    assert packed.metrics["tokens_trained"] == default.metrics["tokens_trained"]
-    grown = packed.metrics["estimated_memory_gb"] - default.metrics["estimated_memory_gb"]
+    assert packed.metrics["train/sequences_dropped"] == 0
+    assert (
+        packed.metrics["data/step_loss_bearing_tokens"]
+        == default.metrics["data/step_loss_bearing_tokens"]
+    )
+    grown = (
+        packed.metrics["train/estimated_memory_gb"] - default.metrics["train/estimated_memory_gb"]
+    )
     assert grown == pytest.approx(1.3 * 4 * (4096 - 341) * 49152 * 4 / 1024**3, abs=0.3)
     with pytest.raises(art.ConfigError) as refused:
         await backend.train(model, groups, logprob_calculation_chunk_size=0)
@@ -562,7 +567,7 @@ async def test_a_kl_reference_checkpoint_is_the_policy_the_penalty_is_taken_agai
     by_step = await backend.train(
         model, groups, learning_rate=1e-3, kl_penalty_coef=0.5, kl_penalty_reference_step=1
     )
-    assert abs(by_step.metrics["kl_policy_ref"]) < 1e-6
+    assert abs(by_step.metrics["loss/kl_policy_ref"]) < 1e-6
     by_path = await backend.train(
         model,
         groups,
@@ -570,9 +575,9 @@ async def test_a_kl_reference_checkpoint_is_the_policy_the_penalty_is_taken_agai
         kl_penalty_coef=0.5,
         kl_ref_adapter_path=str(art_path / "train-api/models/kl-reference/checkpoints/0002"),
     )
-    assert abs(by_path.metrics["kl_policy_ref"]) < 1e-6
+    assert abs(by_path.metrics["loss/kl_policy_ref"]) < 1e-6
     base = await backend.train(model, groups, learning_rate=1e-3, kl_penalty_coef=0.5)
-    assert abs(base.metrics["kl_policy_ref"]) > 1e-3  # the mean log-ratio to the base
+    assert abs(base.metrics["loss/kl_policy_ref"]) > 1e-3  # the mean log-ratio to the base
 
     for keywords, field in [
         ({"kl_penalty_coef": 0.5, "kl_penalty_reference_step": 99}, "kl_penalty_reference_step"),

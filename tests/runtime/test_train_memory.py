@@ -428,11 +428,11 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
         await backend.close()
     peak = row["train/peak_memory_gb"]
     print(
-        f"\n2 x 2048-token agent trajectories: {row['train/tokens_trained']:.0f} tokens, "
+        f"\n2 x 2048-token agent trajectories: {row['data/step_loss_bearing_tokens']:.0f} tokens, "
         f"peak memory of the model service {peak:.2f} GiB (estimated "
         f"{row['train/estimated_memory_gb']:.2f}), {row['train/micro_batches']:.0f} "
         f"micro-batches ({row['train/checkpointed_micro_batches']:.0f} checkpointed), "
-        f"{row['train/train_seconds']:.0f} s; this process's peak RSS "
+        f"{row['time/step_backend_train_s']:.0f} s; this process's peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
     )
     assert row["data/step_loss_bearing_tokens"] > 2 * 2048

@@ -405,5 +405,5 @@ async def test_a_model_this_process_never_registered_trains_on_its_first_call(
     async with httpx.AsyncClient(base_url=server.root, headers=headers, timeout=300) as http:
         trained = await http.post("/_train_model", json=body)
         assert trained.status_code == 200, trained.text
-        assert "loss" in json.loads(trained.text.splitlines()[0])
+        assert "loss/train" in json.loads(trained.text.splitlines()[0])
         assert (await http.post("/_get_step", json=model)).json() == 1
