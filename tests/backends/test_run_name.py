@@ -28,13 +28,14 @@ def trainable(project: str, name: str, run_name: str | None = None) -> art.Train
 async def test_a_run_is_stored_and_trained_under_run_name_and_served_as_name(
     shared_backend: LocalBackend, unique_project: str
 ) -> None:
-    model = trainable(unique_project, "agent", "agent-run-2")
+    # A serving name no other test uses: a plain name is looked up across projects.
+    model = trainable(unique_project, "runalias", "agent-run-2")
     await model.register(shared_backend)
     client = model.openai_client()
     choices = []
     for _ in range(2):
         completion = await client.chat.completions.create(
-            model="agent",  # the plain name reaches the run
+            model="runalias",  # the plain name reaches the run
             messages=[{"role": "user", "content": "Say hi."}],
             max_tokens=8,
             logprobs=True,
@@ -53,9 +54,9 @@ async def test_a_run_is_stored_and_trained_under_run_name_and_served_as_name(
     assert await model.get_step() == 1
     assert json.loads((run_dir / "model.json").read_text())["run_name"] == "agent-run-2"
     assert any("loss/train" in json.loads(line) for line in (run_dir / "history.jsonl").open())
-    assert model.get_inference_name() == f"{unique_project}/agent"
-    assert model.get_inference_name(1) == f"{unique_project}/agent@1"
-    for name in ("agent", "agent@1", model.get_inference_name(1)):
+    assert model.get_inference_name() == f"{unique_project}/runalias"
+    assert model.get_inference_name(1) == f"{unique_project}/runalias@1"
+    for name in ("runalias", "runalias@1", model.get_inference_name(1)):
         answer = await client.chat.completions.create(
             model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
         )
@@ -63,20 +64,20 @@ async def test_a_run_is_stored_and_trained_under_run_name_and_served_as_name(
 
     # A second run served under the same name in the project would share its route.
     with pytest.raises(ConfigError) as raised:
-        await trainable(unique_project, "agent", "agent-run-3").register(shared_backend)
+        await trainable(unique_project, "runalias", "agent-run-3").register(shared_backend)
     assert raised.value.field == "run_name"
     assert "'agent-run-3'" in str(raised.value)
     assert "'agent-run-2'" in str(raised.value)
     assert not (models / "agent-run-3").exists()
-    # The run, served as 'agent', is not also served under another name.
+    # The run, served as 'runalias', is not also served under another name.
     with pytest.raises(ConfigError) as raised:
         await trainable(unique_project, "other", "agent-run-2").register(shared_backend)
     assert raised.value.field == "name"
-    assert "'agent'" in str(raised.value)
+    assert "'runalias'" in str(raised.value)
     # A model whose own name is that run's is that run too.
-    with pytest.raises(ConfigError, match="served as 'agent'"):
+    with pytest.raises(ConfigError, match="served as 'runalias'"):
         await trainable(unique_project, "agent-run-2").register(shared_backend)
     # The same run under the same names registers again (a second script, a restart).
-    again = trainable(unique_project, "agent", "agent-run-2")
+    again = trainable(unique_project, "runalias", "agent-run-2")
     await again.register(shared_backend)
     assert await again.get_step() == 1

@@ -520,7 +520,7 @@ async def test_the_client_refuses_extensions_a_server_does_not_acknowledge(
 
         group = art.TrajectoryGroup([sampled("a b", 1.0), sampled("c d", 0.0)])
         result = await backend.train(plain, [group], learning_rate=1e-5)
-        assert (result.step, result.metrics["loss"]) == (4, 0.25)
+        assert (result.step, result.metrics["loss/train"]) == (4, 0.25)  # under ART's name
         assert result.artifact_name == "someone/p/agent:step4"
         await plain.train([group])  # its row (at the step sampled from) is kept here
         assert await plain.get_step() == 5
