@@ -1,5 +1,7 @@
 """An agent on the OpenAI Agents SDK (Responses API, a function tool), trained as it is."""
 
+from typing import Literal
+
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool
 from openai import AsyncOpenAI
 
@@ -7,7 +9,7 @@ import art
 
 
 @function_tool
-def get_weather(city: str) -> str:
+def get_weather(city: Literal["Paris", "Tokyo", "Lima"]) -> str:
     """The weather in a city."""
     return f"Sunny in {city}."
 
@@ -25,6 +27,8 @@ async def openai_agents_agent(model: art.Model, question: str) -> None:
         tools=[get_weather],
         model=OpenAIResponsesModel(model=model.get_inference_name(), openai_client=client),
         # The 135M default model calls a tool only when made to; the tool's result ends the run.
+        # The SDK fails a run whose answer hits max_tokens; a city out of a list keeps the
+        # call (sampled under the tool's JSON schema) well inside it, whatever is sampled.
         model_settings=ModelSettings(tool_choice="required", max_tokens=48),
         tool_use_behavior="stop_on_first_tool",
     )
