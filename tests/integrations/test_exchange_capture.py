@@ -22,28 +22,25 @@ import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
+from fake_endpoint import FixedRoutes, Words, fake_route, serving_app
 from helpers import serving
 
 import art
 from art.core.exchanges import SampledTokens, sampled_tokens
-from art.runtime.chat_format import rendering_for
-from art.runtime.endpoint.response import Route
 from art.runtime.endpoint.server import build_app
 from art.runtime.engines.base import Sample
 from art.runtime.engines.fake import FakeEngine, FakeRequest
 
 # --- our endpoint over FakeEngine --------------------------------------------------------
 
-WORDS = ["<unk>", "<eos>", "user", "assistant", ":", "hi", "there", "hello", "you", "again"]
+VOCAB = Words(["<unk>", "<eos>", "user", "assistant", ":", "hi", "there", "hello", "you", "again"])
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant :{% endif %}"
 )
 
 
-def ids(*words: str) -> list[int]:
-    return [WORDS.index(word) for word in words]
+ids = VOCAB.ids
 
 
 HELLO = Sample(token_ids=ids("hello", "there"), logprobs=[-0.25, -1.5], finish_reason="stop")
@@ -51,64 +48,17 @@ PROMPT = ids("user", ":", "hi", "there", "assistant", ":")  # "hi there", render
 ASK = [{"role": "user", "content": "hi there"}]
 
 
-def _tiny_tokenizer() -> Any:
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
-    )
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
-
-
-class _Router:
-    def __init__(self, route: Route) -> None:
-        self._route = route
-
-    def route(self, model: str) -> Route:
-        if model != "base":
-            raise KeyError(f"unknown model {model!r}; this endpoint serves base")
-        return self._route
-
-    def model_names(self) -> list[str]:
-        return ["base"]
-
-    def longest_context(self) -> int:
-        return 64
-
-
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     """Our endpoint over FakeEngine (every request answered "hello there"); its /v1 URL."""
-    tokenizer = _tiny_tokenizer()
+    tokenizer = VOCAB.tokenizer(TEMPLATE)
 
     def answer(request: FakeRequest) -> list[Sample]:
         return [HELLO] * request.n
 
-    engine = FakeEngine(tokenizer, answer)
-    route = Route(engine, tokenizer, rendering_for(tokenizer), None, 64)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            build_app(_Router(route), api_key=None),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        threading.Event().wait(0.01)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+    route = fake_route(FakeEngine(tokenizer, answer), 64)
+    with serving_app(build_app(FixedRoutes({"base": route}, 64), api_key=None)) as root:
+        yield f"{root}/v1"
 
 
 def _ours(exchange: Any) -> SampledTokens:

@@ -14,8 +14,9 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
+from fake_endpoint import FixedRoutes
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from test_endpoint_fake_engine import AGAIN, HELLO, Routes, route, tiny_tokenizer
+from test_endpoint_fake_engine import AGAIN, CONTEXT, HELLO, route, tiny_tokenizer
 
 from art.openai import (
     IncompleteChatCompletionStreamError,
@@ -31,7 +32,8 @@ MESSAGES: Any = [{"role": "user", "content": "hi there"}]
 @pytest.fixture
 def app() -> Any:
     return build_app(
-        Routes({"base": route(FakeEngine(tiny_tokenizer(), [HELLO, AGAIN]))}), api_key=None
+        FixedRoutes({"base": route(FakeEngine(tiny_tokenizer(), [HELLO, AGAIN]))}, CONTEXT),
+        api_key=None,
     )
 
 

@@ -8,8 +8,6 @@ default model through the shared backend.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,76 +15,41 @@ import httpx
 import pytest
 import pytest_asyncio
 import requests
+from fake_endpoint import FixedRoutes, Words, fake_route, serving_app
 from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 import art
 from art.local import LocalBackend
-from art.runtime.chat_format import rendering_for
 from art.runtime.endpoint.response import Route
 from art.runtime.endpoint.server import build_app
 from art.runtime.engines.base import Sample
 from art.runtime.engines.fake import FakeEngine, FakeRequest
 
-WORDS = ["<unk>", "<eos>", "once", "upon", "a", "time", "there", "was", "cat", "dog", "end"]
+VOCAB = Words(["<unk>", "<eos>", "once", "upon", "a", "time", "there", "was", "cat", "dog", "end"])
+ids = VOCAB.ids
 CONTEXT = 32
-
-
-def tiny_tokenizer() -> Any:
-    """A Hugging Face tokenizer of `WORDS`, split on whitespace (it adds no special tokens)."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-
-
-def ids(*words: str) -> list[int]:
-    return [WORDS.index(word) for word in words]
-
-
 CAT = Sample(token_ids=ids("a", "cat"), logprobs=[-0.5, -1.0], finish_reason="stop")
 DOG = Sample(token_ids=ids("a", "dog", "end"), logprobs=[-0.25, -0.5, -0.25])  # length
 
 
-class Routes:
-    """A `Router` over fixed routes, counting each route's releases."""
+class Routes(FixedRoutes):
+    """The base model and a checkpoint of it, counting each route's releases."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self.released: list[str] = []
-        self.routes = {"base": self._route(engine, "base"), "proj/agent@2": None}
-        self.routes["proj/agent@2"] = self._route(engine, "proj/agent@2", "agent-2", 2)
+        super().__init__({"base": self.to(engine, "base")}, CONTEXT)
+        self.routes["proj/agent@2"] = self.to(engine, "proj/agent@2", "agent-2", 2)
 
-    def _route(
+    def to(
         self, engine: FakeEngine, name: str, adapter: str | None = None, step: int | None = None
     ) -> Route:
-        return Route(
-            engine,
-            engine.tokenizer,
-            rendering_for(engine.tokenizer),
-            adapter,
-            CONTEXT,
-            step,
-            release=lambda: self.released.append(name),
-        )
-
-    def route(self, model: str) -> Route:
-        found = self.routes.get(model)
-        if found is None:
-            raise KeyError(f"unknown model {model!r}; this endpoint serves base, proj/agent@2")
-        return found
-
-    def model_names(self) -> list[str]:
-        return sorted(self.routes)
-
-    def longest_context(self) -> int:
-        return CONTEXT
+        """A route named `name` to `engine`, noting its releases."""
+        return fake_route(engine, CONTEXT, adapter, step, lambda: self.released.append(name))
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return tiny_tokenizer()
+    return VOCAB.tokenizer()
 
 
 @pytest.fixture
@@ -102,27 +65,8 @@ def routes(engine: FakeEngine) -> Routes:
 @pytest.fixture
 def server(routes: Routes) -> Iterator[str]:
     """The app served by uvicorn on 127.0.0.1 in a thread; its /v1 URL."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        build_app(routes, api_key="secret"),
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="off",
-    )
-    served = uvicorn.Server(config)
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not served.started:
-        assert thread.is_alive(), "uvicorn did not start"
-        assert time.monotonic() < deadline, "uvicorn did not start in 30 s"
-        time.sleep(0.01)
-    port = served.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/v1"
-    served.should_exit = True
-    thread.join(timeout=10)
+    with serving_app(build_app(routes, api_key="secret")) as root:
+        yield f"{root}/v1"
 
 
 @pytest_asyncio.fixture
@@ -240,7 +184,7 @@ async def test_legacy_logprobs_hold_tokens_offsets_and_the_top_k_with_the_sample
         top_logprobs=[[(4, -0.5), (8, -1.0)], [(9, -0.1), (10, -1.5)]],  # "cat" not in top 2
         finish_reason="stop",
     )
-    routes.routes["base"] = routes._route(FakeEngine(tokenizer, [sample]), "base")
+    routes.routes["base"] = routes.to(FakeEngine(tokenizer, [sample]), "base")
     transport = httpx.ASGITransport(app=build_app(routes, api_key=None))
     async with httpx.AsyncClient(transport=transport) as http:
         sdk = AsyncOpenAI(base_url="http://fake/v1", api_key="x", http_client=http)
@@ -411,7 +355,7 @@ async def test_a_failed_generation_releases_the_route_once(tokenizer: Any, route
     def broken(request: FakeRequest) -> list[Sample]:
         raise RuntimeError("the engine broke")
 
-    routes.routes["base"] = routes._route(FakeEngine(tokenizer, broken), "base")
+    routes.routes["base"] = routes.to(FakeEngine(tokenizer, broken), "base")
     transport = httpx.ASGITransport(app=build_app(routes, api_key=None), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://fake/v1") as http:
         whole = await http.post("/completions", json={"model": "base", "prompt": ["once", "a"]})

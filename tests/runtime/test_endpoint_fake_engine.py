@@ -14,14 +14,15 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+from fake_endpoint import FixedRoutes, Words, fake_route
 
-from art.runtime.chat_format import rendering_for
 from art.runtime.endpoint.response import Route
 from art.runtime.endpoint.server import build_app
 from art.runtime.engines.base import EngineUnavailable, Sample, SamplingParams
 from art.runtime.engines.fake import FakeEngine, FakeRequest
 
-WORDS = ["<unk>", "<eos>", "user", "assistant", ":", "hi", "there", "hello", "you", "again"]
+VOCAB = Words(["<unk>", "<eos>", "user", "assistant", ":", "hi", "there", "hello", "you", "again"])
+ids = VOCAB.ids
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}assistant :{% endif %}"
@@ -30,41 +31,7 @@ CONTEXT = 64
 
 
 def tiny_tokenizer() -> Any:
-    """A Hugging Face tokenizer of `WORDS`, split on whitespace, with `TEMPLATE`."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
-    )
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
-
-
-def ids(*words: str) -> list[int]:
-    return [WORDS.index(word) for word in words]
-
-
-class Routes:
-    """A `Router` over fixed routes, refusing other names as the model service does."""
-
-    def __init__(self, routes: dict[str, Route]) -> None:
-        self.routes = routes
-
-    def route(self, model: str) -> Route:
-        if model not in self.routes:
-            served = ", ".join(self.model_names())
-            raise KeyError(f"unknown model {model!r}; this endpoint serves {served}")
-        return self.routes[model]
-
-    def model_names(self) -> list[str]:
-        return sorted(self.routes)
-
-    def longest_context(self) -> int:
-        return CONTEXT
+    return VOCAB.tokenizer(TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +49,13 @@ def engine(tokenizer: Any) -> FakeEngine:
 
 
 def route(engine: FakeEngine, adapter: str | None = None, step: int | None = None) -> Route:
-    return Route(engine, engine.tokenizer, rendering_for(engine.tokenizer), adapter, CONTEXT, step)
+    return fake_route(engine, CONTEXT, adapter, step)
 
 
 @pytest_asyncio.fixture
 async def http(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    router = Routes({"base": route(engine), "proj/agent@3": route(engine, "agent-3", step=3)})
+    routes = {"base": route(engine), "proj/agent@3": route(engine, "agent-3", step=3)}
+    router = FixedRoutes(routes, CONTEXT)
     transport = httpx.ASGITransport(app=build_app(router, api_key=None))
     async with httpx.AsyncClient(transport=transport, base_url="http://fake/v1") as client:
         yield client

@@ -9,7 +9,6 @@ asks the real default model through `shared_backend`.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +16,8 @@ import anthropic
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 from anthropic import Anthropic, AsyncAnthropic
+from fake_endpoint import ScriptedRoute, Words, serving_app
 
 import art
 from art.core.exchanges import MessagesExchange, sampled_tokens, utc_now
@@ -26,15 +25,13 @@ from art.local import LocalBackend
 from art.runtime.chat_format import render_prompt, rendering_for
 from art.runtime.endpoint.messages import parse_messages_request
 from art.runtime.endpoint.request import ChatCompletionRequest
-from art.runtime.endpoint.response import Route
 from art.runtime.endpoint.server import build_app
 from art.runtime.engines.base import Sample
-from art.runtime.engines.fake import FakeEngine, FakeRequest
 
-WORDS = [
+VOCAB = Words([
     "<unk>", "<eos>", "user", "assistant", "system", "tool", ":", "hi", "there", "hello",
     "you", "again", "lookup", "be", "brief", "Paris", "Error:", "France",
-]  # fmt: skip
+])  # fmt: skip
 # Renders roles, text (a string or text parts), the calls made with their arguments and
 # the tools offered: enough for the prompt ids to differ wherever the conversation does.
 TEMPLATE = (
@@ -64,23 +61,7 @@ LOOKUP_CHAT = {
 CALL_TEXT = '<tool_call>{"name": "lookup", "arguments": {"country": "France"}}</tool_call>'
 
 
-def tiny_tokenizer() -> Any:
-    """A Hugging Face tokenizer of `WORDS`, split on whitespace, with `TEMPLATE`."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
-    )
-    tokenizer.chat_template = TEMPLATE
-    return tokenizer
-
-
-def ids(*words: str) -> list[int]:
-    return [WORDS.index(word) for word in words]
+ids = VOCAB.ids
 
 
 HELLO = Sample(token_ids=ids("hello", "there"), logprobs=[-0.25, -1.5], finish_reason="stop")
@@ -88,56 +69,13 @@ AGAIN = Sample(token_ids=ids("hi", "again", "you"), logprobs=[-0.5, -0.75, -2.0]
 CALL = Sample(token_ids=ids("lookup", "France"), logprobs=[-0.1, -0.2], text=CALL_TEXT)
 
 
-class Script:
-    """The samples the engine answers with, one per request, in order; HELLO when out."""
-
-    def __init__(self) -> None:
-        self.samples: list[Sample] = []
-
-    def __call__(self, request: FakeRequest) -> list[Sample]:
-        return [self.samples.pop(0) if self.samples else HELLO]
-
-
-class Served:
+class Served(ScriptedRoute):
     """A `build_app` over one FakeEngine route, named "base", served on 127.0.0.1."""
 
     def __init__(self) -> None:
-        self.tokenizer = tiny_tokenizer()
-        self.script = Script()
-        self.engine = FakeEngine(
-            self.tokenizer, self.script, stop_token_ids=frozenset(ids("<eos>"))
-        )
-        self.releases = 0
-        self.served_route = Route(
-            self.engine,
-            self.tokenizer,
-            rendering_for(self.tokenizer),
-            None,
-            CONTEXT,
-            release=self._release,
-        )
+        super().__init__(VOCAB.tokenizer(TEMPLATE), HELLO, CONTEXT)
         self.app = build_app(self, api_key=KEY)
         self.url = ""  # the server root: the SDK appends /v1/messages
-
-    def _release(self) -> None:
-        self.releases += 1
-
-    # the Router protocol
-    def route(self, model: str) -> Route:
-        if model != "base":
-            raise KeyError(f"unknown model {model!r}; this endpoint serves base")
-        return self.served_route
-
-    def model_names(self) -> list[str]:
-        return ["base"]
-
-    def longest_context(self) -> int:
-        return CONTEXT
-
-    def prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-        """The prompt ids the chat template gives these chat `messages`."""
-        text = render_prompt(self.tokenizer, messages, tools, self.served_route.rendering)
-        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def client(self) -> Anthropic:
         return Anthropic(base_url=self.url, api_key=KEY, max_retries=0)
@@ -150,19 +88,9 @@ class Served:
 def served() -> Iterator[Served]:
     """The app served by uvicorn in a thread, on a free port of 127.0.0.1."""
     served = Served()
-    server = uvicorn.Server(
-        uvicorn.Config(served.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        threading.Event().wait(0.01)
-    served.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    yield served
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving_app(served.app) as root:
+        served.url = root
+        yield served
 
 
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
