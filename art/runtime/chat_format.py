@@ -161,15 +161,18 @@ def render_prompt(
     rendering: ChatRendering,
     *,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text for `messages` as `rendering` renders it; `kwargs` (a request's
-    `chat_template_kwargs`) override the rendering's own."""
+    `chat_template_kwargs`) override the rendering's own. `continue_final_message`: the
+    last message is left open (no end of turn after it), for the model to continue."""
     rendered = tokenizer.apply_chat_template(
         [_with_content_format(message, rendering.content_format) for message in messages],
         tools=[_tool_schema(tool, rendering.tool_schema_format) for tool in tools or []] or None,
         chat_template=rendering.template,
         add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
         tokenize=False,
         **{"default_system": DEFAULT_SYSTEM_PROMPT, **rendering.kwargs, **(kwargs or {})},
     )

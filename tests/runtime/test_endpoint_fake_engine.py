@@ -158,3 +158,44 @@ async def test_a_scripted_function_sees_each_request(tokenizer: Any) -> None:
     engine.close()
     with pytest.raises(EngineUnavailable, match="closed"):
         await engine.generate([1], SamplingParams(max_tokens=4))
+
+
+async def test_the_last_assistant_message_is_continued_when_asked(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    hello = {"role": "assistant", "content": "hello"}
+    prefilled = ask("base", add_generation_prompt=False, continue_final_message=True)
+    prefilled["messages"].append(hello)
+    answer = await http.post("/chat/completions", json=prefilled)
+    assert answer.status_code == 200, answer.text
+    (choice,) = answer.json()["choices"]
+    # The prompt ends inside the assistant's turn; the answer is only what was sampled.
+    assert choice["prompt_token_ids"] == ids("user", ":", "hi", "there", "assistant", ":", "hello")
+    assert choice["message"]["content"] == "hello there"
+    answer = await http.post("/chat/completions", json=ask("base", add_generation_prompt=False))
+    assert answer.json()["choices"][0]["prompt_token_ids"] == ids("user", ":", "hi", "there")
+    assert [request.prompt_ids for request in engine.requests] == [
+        ids("user", ":", "hi", "there", "assistant", ":", "hello"),
+        ids("user", ":", "hi", "there"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"continue_final_message": True}, "is true with add_generation_prompt"),
+        (
+            {"continue_final_message": True, "add_generation_prompt": False},
+            "is true but the last message is the user's",
+        ),
+    ],
+)
+async def test_a_continuation_that_cannot_be_is_a_400_naming_it(
+    http: httpx.AsyncClient, engine: FakeEngine, fields: dict[str, Any], says: str
+) -> None:
+    answer = await http.post("/chat/completions", json=ask("base", **fields))
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "continue_final_message"
+    assert says in error["message"]
+    assert engine.requests == []

@@ -179,6 +179,26 @@ def test_text_blocks_and_combined_turns_render_as_one_turn(served: Served) -> No
     )  # fmt: skip
 
 
+def test_a_final_assistant_turn_is_continued_and_the_answer_holds_only_the_new_text(
+    served: Served,
+) -> None:
+    served.script.samples = [AGAIN]
+    message = served.client().messages.create(
+        model="base",
+        max_tokens=3,
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+        ],
+    )
+    # The turn is left open: no new "assistant :" after it, as a prefill reads.
+    prompt = ids("user", ":", "hi", "assistant", ":", "hello")
+    assert served.engine.requests[0].prompt_ids == prompt
+    assert [block.text for block in message.content if block.type == "text"] == ["hi again you"]
+    assert extra(message)["prompt_token_ids"] == prompt
+    assert extra(message)["token_ids"] == AGAIN.token_ids
+
+
 def test_running_out_of_tokens_is_max_tokens_and_a_stop_sequence_is_named(served: Served) -> None:
     client = served.client()
     served.script.samples = [AGAIN]
@@ -391,7 +411,9 @@ WEB = {"type": "web_search_20250305", "name": "web_search"}
         (ask(tool_choice={"type": "any"}), 400, "invalid_request_error", "tool_choice"),
         (ask(tools=[LOOKUP], tool_choice={"type": "tool", "name": "x"}), 400, "invalid_request_error", "tool_choice.name"),
         (ask(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x"}]}]), 400, "invalid_request_error", "messages[0].content[0].tool_use_id"),
-        (ask(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]), 400, "invalid_request_error", "messages[1].role: the conversation ends with an assistant"),
+        (ask(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello "}]), 400, "invalid_request_error", "messages[1].content: final assistant content cannot end with trailing whitespace"),
+        (ask(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "lookup", "input": {}}]}], tools=[LOOKUP]), 400, "invalid_request_error", "messages[1].content[0]: the conversation ends with an assistant turn holding a tool_use"),
+        (ask(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], tools=[LOOKUP], tool_choice={"type": "any"}), 400, "invalid_request_error", "tool_choice: a forced tool call"),
         (ask(messages=[{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]), 400, "invalid_request_error", "messages[0].content[0]: tool_result blocks do not belong"),
         (ask(messages=[]), 400, "invalid_request_error", "messages"),
         (ask(max_tokens=65), 400, "invalid_request_error", "max_tokens: 65 does not fit"),
@@ -409,7 +431,8 @@ def test_bad_requests_are_refused_in_anthropics_shape_naming_the_field(
     assert error["error"]["message"].startswith(named), error["error"]["message"]
     assert served.engine.requests == []  # refused before anything was sampled
     # a request refused once its route was held lets the route go
-    assert served.releases == (1 if "does not fit" in named else 0)
+    held = "does not fit" in named or "forced tool call" in named  # found once routed
+    assert served.releases == (1 if held else 0)
 
 
 def test_credentials_and_the_version_header_are_checked(served: Served) -> None:
@@ -473,3 +496,18 @@ async def test_the_default_model_answers_with_ids_of_its_text_and_prompt(
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.usage.output_tokens == len(fields["token_ids"])
     assert fields["policy_version"] is None or isinstance(fields["policy_version"], int)
+    # A prefill: the model's own template leaves the assistant turn open after its text.
+    prefilled = await client.messages.create(
+        model=real_model.get_inference_name(),
+        max_tokens=4,
+        messages=[
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "My answer:"},
+        ],
+    )
+    prompt = extra(prefilled)["prompt_token_ids"]
+    opened = render_prompt(tokenizer, chat[1:], None, rendering_for(tokenizer))
+    assert prompt == tokenizer(opened + "My answer:", add_special_tokens=False).input_ids
+    answer = "".join(block.text for block in prefilled.content if block.type == "text")
+    sampled = tokenizer.decode(extra(prefilled)["token_ids"], skip_special_tokens=True)
+    assert answer == sampled  # the answer is only what the model wrote after the prefill

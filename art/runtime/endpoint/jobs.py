@@ -136,9 +136,22 @@ def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
     if forced is not None:
         # The call is written up to its arguments; the model writes those.
         prefill = '<tool_call>{"name": ' + json.dumps(forced) + ', "arguments": '
+    if prefill and body.continue_final_message:
+        raise ApiError(
+            400,
+            "tool_choice: a forced tool call opens its own assistant text; it cannot continue "
+            "the last message (continue_final_message): use tool_choice 'auto'",
+            param="tool_choice",
+        )
     try:
         text = render_prompt(
-            route.tokenizer, body.messages, tools, route.rendering, kwargs=body.chat_template_kwargs
+            route.tokenizer,
+            body.messages,
+            tools,
+            route.rendering,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            kwargs=body.chat_template_kwargs,
         )
     except Exception as error:  # a template that cannot render these messages
         raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error

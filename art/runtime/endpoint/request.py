@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.requests import Request
 
 from ...core.errors import ArtValueError
@@ -112,6 +119,28 @@ class ChatCompletionRequest(BaseModel):
     # vLLM's extension: logprob tokens written `token_id:N`, so the sampled ids survive a
     # client that rebuilds each Choice (None: the server's default; `art run` writes them).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's extensions: the prompt ends with a new assistant turn opened (the default), or
+    # with the last message, an assistant's, left open for the model to continue (prefill).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _check_continuation(self) -> ChatCompletionRequest:
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            raise ArtValueError(
+                "continue_final_message",
+                "is true with add_generation_prompt, which would open a new turn",
+                "Set add_generation_prompt to false",
+            )
+        if self.messages[-1].get("role") != "assistant":
+            raise ArtValueError(
+                "continue_final_message",
+                f"is true but the last message is the {self.messages[-1].get('role')}'s",
+                "End messages with the assistant message to continue",
+            )
+        return self
 
     @field_validator("messages")
     @classmethod

@@ -4,7 +4,8 @@ named back in its terms.
 `tool_use` blocks become OpenAI `tool_calls`, each `tool_result` a `tool` message (its
 text prefixed `Error: ` when `is_error`), consecutive turns of one role are combined as
 Anthropic combines them, and `tool_choice` any/tool/none becomes required/function/none.
-A conversation ending with an assistant turn (prefill) is refused.
+A conversation ending with an assistant turn is a prefill: the answer continues its text
+(the chat request's `continue_final_message`), and holds only what the model wrote.
 """
 
 from __future__ import annotations
@@ -66,9 +67,13 @@ def _chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": schema, "strict": True},
         }
+    messages = _chat_messages(body)
+    continues = messages[-1]["role"] == "assistant"  # a prefill: the answer continues it
     chat = ChatCompletionRequest(
         model=body.model,
-        messages=_chat_messages(body),
+        messages=messages,
+        add_generation_prompt=not continues,
+        continue_final_message=continues,
         max_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
@@ -101,12 +106,7 @@ def _chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
         )
     turns = _turns(body.messages)
     if turns and turns[-1][0] == "assistant":
-        raise ApiError(
-            400,
-            f"messages[{len(body.messages) - 1}].role: the conversation ends with an assistant "
-            "turn; continuing it (prefill) is not supported: end with a user turn",
-            param=f"messages[{len(body.messages) - 1}].role",
-        )
+        _check_prefill(turns[-1][1], len(body.messages) - 1)
     called: set[str] = set()
     for role, blocks in turns:
         if role == "assistant":
@@ -120,6 +120,27 @@ def _chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
 
 
 _Turn = tuple[str, list[tuple[Block, str]]]  # a role, and its blocks with their paths
+
+
+def _check_prefill(blocks: list[tuple[Block, str]], index: int) -> None:
+    """A last assistant turn is text the answer continues, as Anthropic reads it: no
+    tool_use to continue, and no trailing whitespace (Anthropic refuses it too)."""
+    for block, path in blocks:
+        if isinstance(block, ToolUseBlock):
+            raise ApiError(
+                400,
+                f"{path}: the conversation ends with an assistant turn holding a tool_use "
+                "block; only text can be continued: send its tool_result in a user turn",
+                param=f"{path}.type",
+            )
+    text = "".join(block.text for block in _texts(blocks))
+    if text != text.rstrip():
+        raise ApiError(
+            400,
+            f"messages[{index}].content: final assistant content cannot end with trailing "
+            "whitespace",
+            param=f"messages[{index}].content",
+        )
 
 
 def _turns(messages: Sequence[Message]) -> list[_Turn]:
