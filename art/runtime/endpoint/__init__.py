@@ -8,10 +8,11 @@
   one in `stream.py`; and Responses' stored responses in `store.py`.
 - `jobs.py`: what every protocol shares: reading the body, finding the route and releasing
   it once, rendering, tool policy, grammar, running the engine.
-- `streaming.py`: what the three protocols' streams share: the sampled text as it grows,
+- `streaming.py`: what the four protocols' streams share: the sampled text as it grows,
   the server-sent-events response.
 - `request.py`: what a chat completion request may hold, and how a bad one is answered.
-- `response.py`: completions, whole or streamed, each choice with its token ids and logprobs.
+- `response.py`: chat completions, each choice with its token ids and logprobs; streamed
+  by `chat_stream.py`.
 
 It renders (with `..chat_format`, which the trainer renders with too) and tokenizes; an engine (`..engines`) samples token ids.
 """

@@ -1,4 +1,4 @@
-"""What the endpoint answers: chat completions, whole or as server-sent events.
+"""What the endpoint answers: chat completions (streamed by `chat_stream`).
 
 Each choice carries three fields beyond the OpenAI schema, which training reads:
 `prompt_token_ids` (the exact prompt the engine saw), `token_ids` (the sampled tokens)
@@ -9,12 +9,11 @@ A stream whose client goes away cancels its generation, so the engine drops its 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +132,7 @@ def _logprobs(route: Route, sample: Sample, as_ids: bool) -> dict[str, Any]:
     return {"content": content, "refusal": None}
 
 
-def _choice(
+def choice(
     body: ChatCompletionRequest, route: Route, job: Job, index: int, sample: Sample
 ) -> dict[str, Any]:
     message, finish_reason, sample = assistant_message(body, job, sample, route.tokenizer)
@@ -155,7 +154,7 @@ def _choice(
     }
 
 
-def _usage(job: Job, samples: list[Sample]) -> dict[str, int]:
+def usage(job: Job, samples: list[Sample]) -> dict[str, int]:
     completion = sum(len(sample.token_ids) for sample in samples)
     prompt = len(job.prompt_ids)
     return {
@@ -173,102 +172,9 @@ def completion(
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.model,
-        "choices": [_choice(body, route, job, i, sample) for i, sample in enumerate(samples)],
-        "usage": _usage(job, samples),
+        "choices": [choice(body, route, job, i, sample) for i, sample in enumerate(samples)],
+        "usage": usage(job, samples),
     }
 
 
-async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIterator[str]:
-    """Server-sent events: text deltas as tokens are sampled, then the finished choices.
-
-    Text with tools or stop strings is sent whole at the end, once it is known whether it
-    holds a tool call or a stop string.
-    """
-    loop = asyncio.get_running_loop()
-    tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-    incremental = not job.parse_tools and not job.params.stop and not job.prefill
-    completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        data: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": body.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            data["usage"] = usage
-        return f"data: {json.dumps(data)}\n\n"
-
-    def on_token(index: int, token_id: int) -> None:
-        loop.call_soon_threadsafe(tokens.put_nowait, (index, token_id))
-
-    generation = asyncio.ensure_future(
-        route.engine.generate(
-            job.prompt_ids,
-            job.params,
-            n=body.n,
-            adapter=route.adapter,
-            on_token=on_token if incremental else None,
-        )
-    )
-    getter: asyncio.Future[tuple[int, int]] | None = None
-    try:
-        for index in range(body.n):
-            yield chunk(
-                [
-                    {
-                        "index": index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        sent = [""] * body.n
-        ids: list[list[int]] = [[] for _ in range(body.n)]
-        while incremental and not (generation.done() and tokens.empty()):
-            getter = asyncio.ensure_future(tokens.get())
-            await asyncio.wait({getter, generation}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                continue
-            index, token_id = getter.result()
-            ids[index].append(token_id)
-            text = route.tokenizer.decode(ids[index], skip_special_tokens=True)
-            if text.endswith("\ufffd"):
-                continue  # half of a multi-byte character: wait for the rest
-            delta, sent[index] = text[len(sent[index]) :], text
-            if delta:
-                yield chunk([{"index": index, "delta": {"content": delta}, "finish_reason": None}])
-        try:
-            samples = await generation
-        except Exception as error:  # headers are sent: the failure goes in the stream
-            logger.warning("stream %s failed: %s: %s", completion_id, type(error).__name__, error)
-            failure = {"message": f"generation failed: {error}", "type": "server_error"}
-            yield f"data: {json.dumps({'error': failure})}\n\n"
-            return
-        for index, sample in enumerate(samples):
-            message, finish_reason, sample = assistant_message(body, job, sample, route.tokenizer)
-            final_delta: dict[str, Any] = {}
-            content = message.get("content") or ""
-            if content[len(sent[index]) :]:
-                final_delta["content"] = content[len(sent[index]) :]
-            if message.get("tool_calls"):
-                final_delta["tool_calls"] = [
-                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
-                ]
-            final = _choice(body, route, job, index, sample)
-            final.pop("message")
-            yield chunk([{**final, "delta": final_delta, "finish_reason": finish_reason}])
-        if body.stream_options and body.stream_options.get("include_usage"):
-            yield chunk([], usage=_usage(job, samples))
-        yield "data: [DONE]\n\n"
-    finally:  # the client may have gone: stop decoding for it
-        generation.cancel()
-        if getter is not None:
-            getter.cancel()
-        route.release()
-
-
-__all__ = ["Job", "Route", "assistant_message", "completion", "no_release", "stream"]
+__all__ = ["Job", "Route", "assistant_message", "choice", "completion", "no_release", "usage"]

@@ -4,8 +4,8 @@ Four protocols on the same engines, grammars and routing: Chat Completions
 (`/v1/chat/completions`, here), Completions (`completions/`), Responses
 (`responses/`) and Anthropic's Messages (`messages/`); `/v1/models` lists what is
 served. The chat request schema and its errors are in `request.py`, its answers in
-`response.py`, and what every protocol shares (rendering, tool policy, grammar, running
-the engine) in `jobs.py`. Bad requests get a 4xx naming the parameter, in the protocol's
+`response.py` (streamed by `chat_stream.py`), and what every protocol shares
+(rendering, tool policy, grammar, running the engine) in `jobs.py`. Bad requests get a 4xx naming the parameter, in the protocol's
 own error shape (OpenAI's `{"error": {...}}`, Anthropic's `{"type": "error", ...}` on
 `/v1/messages`); the server keeps serving. Either credential an SDK sends is accepted:
 `Authorization: Bearer KEY` (OpenAI's) or `x-api-key: KEY` (Anthropic's).
@@ -30,6 +30,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engines.base import AdapterGone, EngineUnavailable
+from .chat_stream import stream
 from .completions import add_completions_route
 from .jobs import ClientGone, ready_job, run_job
 from .messages import add_messages_route
@@ -44,7 +45,7 @@ from .request import (
     read_body,
     validation_error,
 )
-from .response import Route, completion, stream
+from .response import Route, completion
 from .responses import add_responses_route
 
 
@@ -155,7 +156,7 @@ def build_app(router: Router, api_key: str | None, *, tokens_as_ids: bool = Fals
             job = await ready_job(body, route)
             if body.stream:
                 # Starlette cancels the stream when the client disconnects; the stream then
-                # cancels its generation and releases the route (see `response.stream`),
+                # cancels its generation and releases the route (see `chat_stream.stream`),
                 # and so does the background task if the stream never started.
                 streaming = True
                 return StreamingResponse(
