@@ -72,7 +72,6 @@ _EXPORTS: dict[str, str] = {
     "LocalBackend": "art.backends.local",
     "ServerlessBackend": "art.backends.serverless",
     "PipelineTrainer": "art.pipeline",
-    "PipelineAutotuneConfig": "art.pipeline_tuner.config",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
     "capture_callback": "art.integrations.langgraph.callbacks",

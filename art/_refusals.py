@@ -295,6 +295,10 @@ REFUSED_NAMES: dict[str, str] = {
         for module in ["art", "art.pipeline_trainer"]
         for name in ["PipelineRuntimeConfig"]
     },
+    "art.PipelineAutotuneConfig": (
+        "ART 0.5.23 exports it at the top of `art`; here import it from art.pipeline_tuner "
+        "or art.pipeline_trainer"
+    ),
     "art.pipeline_tuner.attachment.VllmMetricPollHealth": (
         "the health record of ART's timed polls of vLLM's metrics endpoint; our engines "
         "expose no such gauge: feed readings to "
