@@ -161,10 +161,6 @@ REFUSED: dict[str, str] = {
         "ART's typed HTTP client of W&B's Training API; here ServerlessBackend speaks that "
         "protocol itself, against W&B's service or `art serve`"
     ),
-    "art.pipeline_tuner": (
-        "ART 0.5.23's autotuning of PipelineTrainer's concurrency; not built: set "
-        "PipelineTrainer's worker and queue sizes yourself"
-    ),
     "art.pipeline_trainer.binary_prefix_tool_pipeline": (
         "an example script of ART's, shipped in its wheel; ours are examples/pipeline.py "
         "and examples/*.py"
@@ -297,8 +293,17 @@ REFUSED_NAMES: dict[str, str] = {
     **{
         f"{module}.{name}": _AUTOTUNE
         for module in ["art", "art.pipeline_trainer"]
-        for name in ["PipelineAutotuneConfig", "PipelineRuntimeConfig"]
+        for name in ["PipelineRuntimeConfig"]
     },
+    "art.PipelineAutotuneConfig": (
+        "ART 0.5.23 exports it at the top of `art`; here import it from art.pipeline_tuner "
+        "or art.pipeline_trainer"
+    ),
+    "art.pipeline_tuner.attachment.VllmMetricPollHealth": (
+        "the health record of ART's timed polls of vLLM's metrics endpoint; our engines "
+        "expose no such gauge: feed readings to "
+        "PipelineAutotunerAttachment.on_vllm_pressure_sample"
+    ),
     "art.pipeline_trainer.trainer.PIPELINE_STATE_KEY": (
         "ART keeps a pipeline's state under this key of the model's state; here it is "
         "<model dir>/pipeline_state.json (art.pipeline_trainer.state.PipelineState)"

@@ -33,7 +33,6 @@ def refuse_unsupported(**values: object) -> None:
     fixes = {
         "pipeline": "pass num_rollout_workers=, min_batch_size=, max_batch_size=, "
         "queue_maxsize= directly",
-        "autotune": "set num_rollout_workers and the batch sizes yourself",
         "loss_fn_config": "leave it None; fine knobs are art.dev.TrainConfig's",
         "adam_params": "leave it None; the optimizer is set by art.dev.TrainerArgs",
         "kl_penalty_step_lag": "leave it None: the KL penalty is taken against the base model",

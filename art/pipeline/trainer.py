@@ -48,10 +48,13 @@ from ..core.model_store import ModelStore
 from ..core.training import run_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import TrainConfig
+from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineTuneSettings
+from ..pipeline_tuner.worker_controller import RolloutWorkerController
 from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported
 from ._staleness import has_no_variance, is_stale, staleness_metrics, stamp_versions
 from ._state import STATE_FILE, PipelineState
 from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from .autotune import StepMeter, autotune_attachment, report_step
 from .retention import CheckpointRetentionContext, CheckpointRetentionStrategy, eligible_checkpoints
 from .status import StatusReporter
 
@@ -82,7 +85,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         max_batch_size: int | None = None,
         queue_maxsize: int | None = None,
         pipeline: object | None = None,
-        autotune: object | None = None,
+        autotune: PipelineAutotuneConfig | None = None,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
         loss_fn_config: dict[str, Any] | None = None,
@@ -112,7 +115,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     ) -> None:
         refuse_unsupported(
             pipeline=pipeline,
-            autotune=autotune,
             loss_fn_config=loss_fn_config,
             adam_params=adam_params,
             kl_penalty_step_lag=kl_penalty_step_lag,
@@ -167,6 +169,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "Pass art.pipeline_trainer.keep_recent_and_top(...) or a function from a "
                 "CheckpointRetentionContext to the steps to keep",
             )
+        self._autotune = autotune_attachment(
+            autotune,
+            num_rollout_workers=num_rollout_workers,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            queue_maxsize=queue_maxsize,
+        )
+        self._meter = StepMeter()
+        self.grad_accumulation_sequences = grad_accumulation_sequences
+        self.packed_sequence_length = packed_sequence_length
+        self.rollout_worker_capacity: int | None = None  # rollouts are tasks: no cap
         self.retention = checkpoint_retention_strategy
         self.retention_interval = checkpoint_retention_interval
         if not isinstance(model, TrainableModel):
@@ -237,19 +250,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._state.training_step = start_step
         self._policy_step = start_step
         await self._skip_scenarios(self._state.scenario_offset)
+        self._workers = RolloutWorkerController(self, self.num_rollout_workers)
+        self._queue = None
+        if self._autotune is not None:
+            await self._autotune.on_start(self)  # sets the sizes before the queue exists
         self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
         self._stop = asyncio.Event()
         stop_at = None if self.max_steps is None else start_step + self.max_steps
         self._status.start(initial_step=start_step)
         removers = self._install_signal_handlers() if handle_signals else []
         self._failure = None
-        workers = [
-            asyncio.create_task(self._rollout_worker(), name=f"art-rollout-{i}")
-            for i in range(self.num_rollout_workers)
-        ]
-        for worker in workers:
-            worker.add_done_callback(self._worker_done)
-        closer = asyncio.create_task(self._end_queue_after(workers))
+        closer = asyncio.create_task(self._end_queue_after(self._workers))
         ticker = asyncio.create_task(self._tick())
         try:
             if self.eval_at_start and start_step not in self._state.completed_eval_steps:
@@ -260,9 +271,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         finally:
             self.request_stop()
             self._save_state()  # drops counted after the last step, too
-            for task in [*workers, closer, ticker]:
+            for task in [closer, ticker]:
                 task.cancel()
-            await asyncio.gather(*workers, closer, ticker, return_exceptions=True)
+            await asyncio.gather(closer, ticker, return_exceptions=True)
+            if self._autotune is not None:
+                await self._autotune.on_stop(training_failed=self._failure is not None)
             try:
                 await asyncio.gather(*self._evals)  # evals already scheduled still run
             finally:
@@ -295,8 +308,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         while not self._stop.is_set() and (stop_at is None or self._policy_step < stop_at):
             step_started = time.monotonic()  # a step's seconds include collecting its batch
             batch, dropped_stale, dropped_no_variance, ended = await self._collect_batch()
+            collect_s = time.monotonic() - step_started
             if batch:
                 await self._train_step(batch, dropped_stale, dropped_no_variance, step_started)
+                if self._autotune is not None:
+                    metrics = self._meter.step_metrics(
+                        wall_s=time.monotonic() - step_started,
+                        collect_s=collect_s,
+                        trained=len(batch),
+                        stale=dropped_stale,
+                        no_variance=dropped_no_variance,
+                    )
+                    rewards = [t.reward for g in batch for t in g.trajectories]
+                    score = sum(rewards) / len(rewards) if rewards else 0.0
+                    await report_step(self._autotune, self._policy_step, metrics, score)
             if ended or not batch:
                 return
 
@@ -440,9 +465,23 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     # --- rollouts ---------------------------------------------------------------------
 
-    async def _rollout_worker(self) -> None:
+    def apply_pipeline_settings(self, settings: PipelineTuneSettings) -> None:
+        """Set the tuner's settings; the worker count changes at once, the queue's size
+        only before the run starts (the tuner here never moves it later)."""
+        if self._queue is not None and settings.queue_maxsize != self._queue.maxsize:
+            raise ConfigError(
+                "queue_maxsize", "cannot change while the pipeline runs", "Keep it fixed"
+            )
+        self.num_rollout_workers = settings.num_rollout_workers
+        self.min_batch_size = settings.min_batch_size
+        self.max_batch_size = settings.max_batch_size
+        self.queue_maxsize = settings.queue_maxsize
+        self._workers.set_target(settings.num_rollout_workers)
+        self._status.num_workers = settings.num_rollout_workers
+
+    async def _rollout_worker(self, worker_id: int = 0) -> None:
         assert self._queue is not None
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self._workers.worker_allowed(worker_id):
             scenario = await self._next_scenario()
             if scenario is _END:
                 return
@@ -454,6 +493,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             errored = False
             # As ART's: costs the rollout records (`track_api_cost`, RULER) count as `train`.
             costs = self.model.activate_metrics_context("train")
+            rollout_started = time.monotonic()
             try:
                 group = await self.rollout_fn(self.model, cast(ScenarioT, scenario), self.config)
             except Exception as error:  # a bad rollout is data, not the end of the run
@@ -464,6 +504,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             finally:
                 costs.var.reset(costs)
                 self._status.note_rollout_finished(errored=errored)
+                self._meter.rollout_s += time.monotonic() - rollout_started
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError(
                     "rollout_fn",
@@ -474,10 +515,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             group.metadata.update(_scenario_metadata(scenario))
             stamp_versions(group, started_at=started, finished_at=self._policy_step)
             self._unqueued += 1  # still counted by the gate while put waits for room
+            put_started = time.monotonic()
             try:
                 await self._queue.put(group)
             finally:
                 self._unqueued -= 1
+                self._meter.put_wait_s += time.monotonic() - put_started
             self._status.note_group_enqueued(group)
 
     async def _wait_for_policy(self) -> None:
@@ -528,10 +571,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 logger.warning("the scenarios ended after %d of the %d to skip", skipped, count)
                 return
 
-    async def _end_queue_after(self, workers: list[asyncio.Task[None]]) -> None:
+    async def _end_queue_after(self, workers: RolloutWorkerController) -> None:
         """Once every worker is done (scenarios exhausted), tell the trainer."""
         assert self._queue is not None
-        await asyncio.gather(*workers, return_exceptions=True)  # failures: _worker_done
+        await workers.run()  # failures: _worker_done
         await self._queue.put(_END)
 
     # --- evaluation, state, signals ---------------------------------------------------

@@ -22,6 +22,7 @@ from ..pipeline.retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
+from ..pipeline_tuner.config import PipelineAutotuneConfig
 
 
 def __getattr__(name: str) -> Any:
@@ -37,6 +38,7 @@ __all__ = [
     "CheckpointRetentionStrategy",
     "ConfigT",
     "EvalFn",
+    "PipelineAutotuneConfig",
     "PipelineTrainer",
     "RolloutFn",
     "ScenarioT",
