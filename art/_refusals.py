@@ -25,6 +25,18 @@ _LOCAL_RUNTIME = (
     "(engines, service, trainer), behind LocalBackend: use the backend, not its parts"
 )
 
+_VLLM_RUNTIME = (
+    _LOCAL_RUNTIME + "; to sample with a vLLM server you run, give "
+    "InternalModelConfig(vllm_runtime=art.dev.VllmRuntimeArgs(mode='external', "
+    "server_url=...))"
+)
+
+_RUNTIME_DIAGNOSTICS = (
+    "ART's inspection and installation of its managed vLLM and Megatron runtimes; here "
+    "`art runtime status` and `art runtime prepare` (art.runtime.environments) inspect and "
+    "build this version's environments (.venv-vllm, .venv-unsloth)"
+)
+
 _LANGGRAPH_LOGS = (
     "part of how ART's LangGraph wrapper works: it logs each model call to files and "
     "rebuilds the trajectory from them; here art.langgraph.wrap_rollout records each call "
@@ -68,12 +80,6 @@ _DEPLOYMENT = (
     "ART uploads a trained LoRA to Together AI or W&B Inference, hosted services this "
     "version never calls; serve a checkpoint yourself with `art serve`, or give vLLM its "
     "adapter directory, <path>/<project>/models/<name>/checkpoints/<step>"
-)
-
-_EXTERNAL_VLLM = (
-    "ART 0.5.23's external vLLM mode (training against a vLLM server you already run) is "
-    "not built; LocalBackend starts and feeds its own engine: "
-    "InternalModelConfig(engine='vllm') for vLLM"
 )
 
 _HISTORY_NAMES = (
@@ -129,10 +135,10 @@ REFUSED: dict[str, str] = {
         "ART's Unsloth service internals; here Unsloth is one trainer behind art.runtime's "
         "trainer seam (InitArgs / `make venv-unsloth`), reached through LocalBackend"
     ),
-    "art.vllm_runtime": _LOCAL_RUNTIME,
+    "art.vllm_runtime": _VLLM_RUNTIME,
     "art.vllm_route_transport": _LOCAL_RUNTIME,
     "art.serving_capabilities": _LOCAL_RUNTIME,
-    "art.runtime_diagnostics": _LOCAL_RUNTIME,
+    "art.runtime_diagnostics": _RUNTIME_DIAGNOSTICS,
     "art.adapter_leases": _LOCAL_RUNTIME,
     "art.local.adapter_leases": _LOCAL_RUNTIME,
     "art.local.service": _LOCAL_RUNTIME,
@@ -202,16 +208,6 @@ REFUSED: dict[str, str] = {
 
 
 REFUSED_NAMES: dict[str, str] = {
-    **{
-        f"{module}.{name}": _EXTERNAL_VLLM
-        for module, name in [
-            ("art.dev", "VllmRuntimeArgs"),
-            ("art.dev", "is_external_vllm_mode"),
-            ("art.dev.model", "VllmRuntimeArgs"),
-            ("art.dev.model", "VllmRuntimeMode"),
-            ("art.dev.validate", "is_external_vllm_mode"),
-        ]
-    },
     **{
         f"{module}.BackendModelConfig": (
             "ART 0.5.23's InternalModelConfig with lora_config inside; here lora_config is "
@@ -308,10 +304,7 @@ REFUSED_NAMES: dict[str, str] = {
         "ART keeps a pipeline's state under this key of the model's state; here it is "
         "<model dir>/pipeline_state.json (art.pipeline_trainer.state.PipelineState)"
     ),
-    **{
-        f"art.cli.{name}": _CLI
-        for name in ["app", "run", "migrate", "runtime_app", "runtime_prepare", "runtime_status"]
-    },
+    **{f"art.cli.{name}": _CLI for name in ["app", "run", "migrate", "runtime_app"]},
     **{
         f"art.cli.{name}": _SKILLS
         for name in ["SKILL_NAMES", "init", "install_skills", "help_command"]

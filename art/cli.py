@@ -5,6 +5,8 @@
     art autorl "Answer questions about our return policy" --steps 10 --path ./.art
     art show ./.art --project my-task
     art migrate ./.art/my-task/models/agent --dry-run
+    art runtime status
+    art runtime prepare --dry-run
 
 Add a subcommand by writing an `_add_<name>(subparsers)` that sets `handler` and
 listing it in `_COMMANDS`.
@@ -454,6 +456,124 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+_MEGATRON_FLAGS = ("hybrid_ep", "multinode")
+
+
+def _add_runtime(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "runtime",
+        help="inspect and prepare the engine and trainer environments (ART's `art runtime`)",
+        description="The Python environments a LocalBackend runs its parts in: this one "
+        "(transformers engine, PEFT trainer), vLLM's (.venv-vllm or ART_VLLM_PYTHON) and "
+        "Unsloth's (.venv-unsloth or ART_UNSLOTH_PYTHON).",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    status = actions.add_parser(
+        "status", help="which environments are ready here, and whether CUDA is"
+    )
+    status.add_argument(
+        "--size",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure each environment's disk use (default: on)",
+    )
+    prepare = actions.add_parser(
+        "prepare", help="build the environments that are missing (make venv-vllm, venv-unsloth)"
+    )
+    prepare.add_argument(
+        "--dry-run", "-n", action="store_true", help="say what would be built, build nothing"
+    )
+    for action in (status, prepare):
+        for flag in _MEGATRON_FLAGS:
+            action.add_argument(
+                f"--{flag.replace('_', '-')}",
+                action="store_true",
+                help="ART's Megatron runtime variant; refused here (no Megatron trainer)",
+            )
+    status.set_defaults(handler=_runtime_status)
+    prepare.set_defaults(handler=_runtime_prepare)
+
+
+def _refuse_megatron_flags(args: argparse.Namespace) -> int | None:
+    given = [f"--{flag.replace('_', '-')}" for flag in _MEGATRON_FLAGS if getattr(args, flag)]
+    if not given:
+        return None
+    return _fail(
+        f"{', '.join(given)}: ART's Megatron runtime variants, which this version does not "
+        "build (see art.megatron); run the command without them"
+    )
+
+
+def _runtime_status(args: argparse.Namespace) -> int:
+    from .runtime.environments import cuda_summary, inspect_environments
+
+    refused = _refuse_megatron_flags(args)
+    if refused is not None:
+        return refused
+    print(f"cuda: {cuda_summary()}")
+    for status in inspect_environments(include_size=args.size):
+        version = f", {status.version}" if status.version else ""
+        state = "ready" if status.ready else "not prepared"
+        print(f"{status.name}: {state} ({status.mode}{version}; {status.uses})")
+        if status.python is not None:
+            print(f"  runtime: {status.python}")
+        if status.disk_bytes is not None:
+            print(f"  storage: {status.disk_bytes / 2**30:.2f} GiB")
+        if status.warning:
+            print(f"  warning: {status.warning}", file=sys.stderr)
+    return 0
+
+
+def _runtime_prepare(args: argparse.Namespace) -> int:
+    import time
+
+    from .runtime.environments import (
+        PrepareError,
+        inspect_environments,
+        preparation_commands,
+        prepare_environments,
+    )
+
+    refused = _refuse_megatron_flags(args)
+    if refused is not None:
+        return refused
+    started = time.perf_counter()
+    try:
+        if args.dry_run:
+            commands = preparation_commands(inspect_environments())
+            for name, command in commands:
+                print(f"{name}: would run {' '.join(command)}")
+            if not commands:
+                print("All runtimes are ready; nothing to build.")
+            return 0
+        prepared = prepare_environments(progress=lambda message: print(f"art runtime: {message}"))
+    except PrepareError as error:
+        print(f"Runtime preparation failed: {error}", file=sys.stderr)
+        return 1
+    for status, seconds in prepared:
+        print(f"{status.name}: ready ({status.mode}) in {seconds:.1f}s at {status.python}")
+    print(f"All requested runtimes are ready in {time.perf_counter() - started:.1f}s.")
+    return 0
+
+
+def runtime_status(hybrid_ep: bool = False, multinode: bool = False, size: bool = True) -> None:
+    """ART's `art runtime status` from Python: prints each environment's state."""
+    argv = ["runtime", "status", "--size" if size else "--no-size"]
+    argv += ["--hybrid-ep"] * hybrid_ep + ["--multinode"] * multinode
+    _exit_on_failure(main(argv))
+
+
+def runtime_prepare(hybrid_ep: bool = False, multinode: bool = False) -> None:
+    """ART's `art runtime prepare` from Python: builds the environments that are missing."""
+    argv = ["runtime", "prepare"] + ["--hybrid-ep"] * hybrid_ep + ["--multinode"] * multinode
+    _exit_on_failure(main(argv))
+
+
+def _exit_on_failure(code: int) -> None:
+    if code != 0:
+        raise SystemExit(code)
+
+
 def _fail(message: str) -> int:
     print(f"art: error: {message}", file=sys.stderr)
     return 2
@@ -465,6 +585,7 @@ _COMMANDS: list[Callable[[Any], None]] = [
     _add_autorl,
     _add_show,
     _add_migrate,
+    _add_runtime,
 ]
 
 

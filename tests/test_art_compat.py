@@ -357,8 +357,9 @@ def test_arts_dev_submodules_hold_the_same_config_types(tmp_path: Path) -> None:
     assert art.dev.openai_server.ServerArgs is art.dev.ServerArgs
     assert art.dev.validate.is_dedicated_mode is art.dev.is_dedicated_mode
     assert get_model_config is art.dev.get_model_config  # the function, not its module
-    with pytest.raises(art.NotBuiltError, match="external vLLM mode"):
-        art.dev.VllmRuntimeArgs(mode="external")
+    external = art.dev.VllmRuntimeArgs(mode="external", server_url="http://127.0.0.1:8000/v1")
+    assert art.dev.validate.is_external_vllm_mode({"vllm_runtime": external})
+    assert art.dev.model.VllmRuntimeArgs is art.dev.VllmRuntimeArgs
     # ART 0.5.23's context length of a model, read from its config (the language model's
     # section of a multimodal one first); the model directory is resolved as training does.
     for name, config, length in [

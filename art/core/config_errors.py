@@ -119,10 +119,6 @@ ART_KEYS: dict[tuple[str, str], str] = {
     "transformers and PEFT can load is served and trained; remove allow_unvalidated_arch",
     (
         "InternalModelConfig",
-        "vllm_runtime",
-    ): "an external vLLM server is not supported; remove vllm_runtime",
-    (
-        "InternalModelConfig",
         "lora_config",
     ): "the adapter is PeftArgs(r, lora_alpha, lora_dropout, target_modules), as peft_args=",
 }

@@ -8,7 +8,7 @@ that made it rather than a setting silently ignored; a bad value or key raises
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Self
+from typing import Any, Literal, Required, Self
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
@@ -218,6 +218,92 @@ class TrainerArgs(_Config):
     )
 
 
+VllmRuntimeMode = Literal["managed", "external"]
+"""ART 0.5.23's `vllm_runtime.mode`: 'managed' (the backend starts vLLM) or 'external'."""
+
+
+class VllmRuntimeArgs(TypedDict, total=False):
+    """ART 0.5.23's `InternalModelConfig(vllm_runtime=...)`, as a dict (see `VllmRuntime`)."""
+
+    mode: Required[VllmRuntimeMode]
+    server_url: str
+    api_key: str | None
+    local_checkpoint_root: str | None
+    server_checkpoint_root: str | None
+    health_timeout_s: float
+
+
+_EXTERNAL_ONLY = ("server_url", "api_key", "local_checkpoint_root", "server_checkpoint_root")
+
+
+class VllmRuntime(_Config):
+    """Where the vLLM engine runs: started by the backend ('managed'), or a vLLM server
+    you launched ('external'), which samples every rollout while the trainer runs here.
+
+    An external server needs `--enable-lora` (with `--max-lora-rank` at least the
+    adapter's rank), `--enable-scale-out` (vLLM's token-in, token-out API, which the
+    endpoint feeds) and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in its environment: each
+    checkpoint reaches it through `/v1/load_lora_adapter`.
+    """
+
+    mode: VllmRuntimeMode = Field(description="'managed' (default) or 'external'.")
+    server_url: str | None = Field(
+        default=None,
+        description="External mode: the server's URL, e.g. http://127.0.0.1:8000 ('/v1' "
+        "may end it).",
+    )
+    api_key: str | None = Field(
+        default=None, description="External mode: the server's --api-key, if it has one."
+    )
+    local_checkpoint_root: str | None = Field(
+        default=None,
+        description="External mode: this machine's folder of checkpoints that the server "
+        "sees as server_checkpoint_root (give both, or neither when it sees the same paths).",
+    )
+    server_checkpoint_root: str | None = Field(
+        default=None, description="External mode: that folder as the server's path."
+    )
+    health_timeout_s: float = Field(
+        default=120.0, gt=0, description="External mode: how long to wait for its /health."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.mode == "managed":
+            given = [name for name in _EXTERNAL_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"mode is 'managed', and {', '.join(given)} apply to mode='external' "
+                    "only; set mode='external' or remove them"
+                )
+            return self
+        if not self.server_url:
+            raise ValueError(
+                "server_url is required for mode='external': the URL of your vLLM server, "
+                "e.g. 'http://127.0.0.1:8000'"
+            )
+        vllm_server_url(self.server_url)
+        if (self.local_checkpoint_root is None) != (self.server_checkpoint_root is None):
+            raise ValueError(
+                "local_checkpoint_root and server_checkpoint_root: set both (the server "
+                "sees checkpoints under another path) or neither"
+            )
+        return self
+
+
+def vllm_server_url(server_url: str) -> str:
+    """`server_url` without a trailing '/' or '/v1': the server's root URL."""
+    from urllib.parse import urlparse
+
+    root = server_url.rstrip("/").removesuffix("/v1").rstrip("/")
+    parsed = urlparse(root)
+    if parsed.scheme not in {"http", "https"} or not parsed.netloc:
+        raise ValueError(
+            f"server_url {server_url!r} is not an HTTP URL; give e.g. 'http://127.0.0.1:8000'"
+        )
+    return root
+
+
 class InternalModelConfig(_Config):
     """How a `TrainableModel` is loaded, served and trained (`_internal_config=...`)."""
 
@@ -275,6 +361,12 @@ class InternalModelConfig(_Config):
         "engine picks (engine_args.merge_lora's rule).",
     )
 
+    vllm_runtime: VllmRuntime | None = Field(
+        default=None,
+        description="Where vLLM runs (ART 0.5.23's key): None or mode='managed' starts it "
+        "here; mode='external' samples with the vLLM server at server_url (`VllmRuntime`).",
+    )
+
     rollout_weight_update_mode: RolloutWeightUpdateMode | None = Field(
         default=None,
         description="How a new checkpoint reaches rollouts (ART 0.5.23's key): 'step_lora' "
@@ -306,9 +398,33 @@ class InternalModelConfig(_Config):
             raise ValueError("chat_template and chat_template_path: give one, not both")
         return self
 
+    @property
+    def external_vllm(self) -> VllmRuntime | None:
+        """The external vLLM server's settings, or None where vLLM (if any) is started here."""
+        runtime = self.vllm_runtime
+        return runtime if runtime is not None and runtime.mode == "external" else None
+
+    @model_validator(mode="after")
+    def _check_external_vllm(self) -> Self:
+        if self.external_vllm is None:
+            return self
+        if self.engine == "transformers":
+            raise ValueError(
+                "engine is 'transformers' while vllm_runtime.mode is 'external', whose server "
+                "samples every rollout; set engine='vllm' (or leave it unset)"
+            )
+        if self.inference_gpu_ids is not None:
+            raise ValueError(
+                "inference_gpu_ids places a vLLM this backend starts; with vllm_runtime.mode "
+                "'external' the server's own GPUs serve: remove inference_gpu_ids"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_gpu_split(self) -> Self:
         trainer, inference = self.trainer_gpu_ids, self.inference_gpu_ids
+        if self.external_vllm is not None:
+            return self  # trainer_gpu_ids alone places the trainer; the server has its own
         if (trainer is None) != (inference is None):
             raise ValueError(
                 "trainer_gpu_ids and inference_gpu_ids: set both (dedicated mode) or neither"
@@ -480,9 +596,15 @@ class OpenAIServerConfig(TypedDict, total=False):
 
 def is_dedicated_mode(config: InternalModelConfig | Mapping[str, Any]) -> bool:
     """Whether `config` puts training and inference on resources of their own (both
-    `trainer_gpu_ids` and `inference_gpu_ids` set; empty lists on the CPU)."""
+    `trainer_gpu_ids` and `inference_gpu_ids` set, empty lists on the CPU; or an external
+    vLLM server, as in ART)."""
     checked = validate_dedicated_config(config)
-    return checked.trainer_gpu_ids is not None
+    return checked.trainer_gpu_ids is not None or checked.external_vllm is not None
+
+
+def is_external_vllm_mode(config: InternalModelConfig | Mapping[str, Any]) -> bool:
+    """Whether `config` samples with a vLLM server you run (`vllm_runtime.mode='external'`)."""
+    return validate_dedicated_config(config).external_vllm is not None
 
 
 def validate_dedicated_config(
@@ -507,7 +629,12 @@ __all__ = [
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
+    "VllmRuntime",
+    "VllmRuntimeArgs",
+    "VllmRuntimeMode",
     "is_dedicated_mode",
+    "is_external_vllm_mode",
     "validate_dedicated_config",
+    "vllm_server_url",
     "with_lora_config",
 ]

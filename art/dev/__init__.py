@@ -22,7 +22,9 @@ from ..core.dev import (
     TrainConfig,
     TrainerArgs,
     TrainSFTConfig,
+    VllmRuntimeArgs,
     is_dedicated_mode,
+    is_external_vllm_mode,
     validate_dedicated_config,
 )
 from ..core.not_built import not_built_class, not_built_function
@@ -61,8 +63,10 @@ __all__ = [
     "TrainConfig",
     "TrainSFTConfig",
     "TrainerArgs",
+    "VllmRuntimeArgs",
     "get_model_config",
     "get_openai_server_config",
     "is_dedicated_mode",
+    "is_external_vllm_mode",
     "validate_dedicated_config",
 ]

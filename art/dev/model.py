@@ -14,6 +14,8 @@ from ..core.dev import (
     PeftArgs,
     RolloutWeightUpdateMode,
     TrainerArgs,
+    VllmRuntimeArgs,
+    VllmRuntimeMode,
 )
 from . import TinkerArgs, TinkerNativeArgs, TinkerTrainingClientArgs
 
@@ -50,5 +52,7 @@ __all__ = [
     "TinkerNativeArgs",
     "TinkerTrainingClientArgs",
     "TrainerArgs",
+    "VllmRuntimeArgs",
+    "VllmRuntimeMode",
     *_TRANSFORMERS,
 ]

@@ -85,9 +85,9 @@ class LocalBackend:
         return f"LocalBackend(path={self.path!r}, in_process={self.in_process})"
 
     def _supports_concurrent_training_and_inference(self, model: TrainableModel) -> bool:
-        """Dedicated mode (ART's name): the engine keeps serving while a step trains."""
-        config = model.internal_config
-        return config.trainer_gpu_ids is not None and config.inference_gpu_ids is not None
+        """Dedicated mode (ART's name, an external vLLM server included): the engine keeps
+        serving while a step trains."""
+        return dev.is_dedicated_mode(model.internal_config)
 
     def _store(self, model: Model) -> ModelStore:
         return ModelStore(self.path, model.project, model.storage_name)

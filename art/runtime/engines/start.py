@@ -17,9 +17,12 @@ if TYPE_CHECKING:
 
 
 def choose_engine(config: dev.InternalModelConfig) -> EngineName:
-    """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here."""
+    """The engine `config` asks for; unset: vLLM where CUDA and vLLM are both here, or
+    where an external vLLM server samples (`vllm_runtime`)."""
     if config.engine is not None:
         return config.engine
+    if config.external_vllm is not None:
+        return "vllm"
     from .vllm.server import find_vllm_python
 
     if find_vllm_python() is None:
@@ -47,7 +50,7 @@ def require_engine(config: dev.InternalModelConfig) -> EngineName:
     cannot honour a field of `config` (`check_supported`)."""
     engine = choose_engine(config)
     check_supported(config, engine)
-    if engine == "vllm":
+    if engine == "vllm" and config.external_vllm is None:  # else it is the server's
         from .vllm.server import require_vllm_python
 
         require_vllm_python()
@@ -63,6 +66,10 @@ def start_engine(
     engine decodes from in shared mode; None where no trainer runs here (a Ray replica).
     `thread`: the torch thread an in-process engine decodes on (default: the process's).
     """
+    if spec.config.external_vllm is not None:
+        from .vllm.external import start_external_vllm_engine
+
+        return start_external_vllm_engine(spec)
     if choose_engine(spec.config) == "vllm":
         from .vllm.engine import start_vllm_engine
 

@@ -74,6 +74,7 @@ _BASE_FIELDS = (
     "chat_template_content_format",
     "chat_template_tool_schema_format",
     "rollout_weights_mode",
+    "vllm_runtime",
 )
 
 logger = logging.getLogger("art.service")

@@ -6,6 +6,9 @@
   engine's; vLLM samples with LoRA ('lora' is its only mode).
 - `trainer_gpu_ids` / `inference_gpu_ids` (dedicated mode): on CUDA, vLLM on
   `inference_gpu_ids`, the trainer on `trainer_gpu_ids[0]`.
+- `vllm_runtime.mode='external'` (a server you run, `external.py`): the engine_args that
+  launch vLLM are refused (the server has its own), `trainer_gpu_ids` alone places the
+  trainer.
 """
 
 from __future__ import annotations
@@ -31,8 +34,29 @@ def check_config(config: dev.InternalModelConfig) -> None:
             "Use rollout_weights_mode='lora' (or leave it unset), or set "
             "engine='transformers', whose 'merged' mode samples from a merged copy",
         )
-    if config.trainer_gpu_ids is not None:
+    if config.external_vllm is not None:
+        from .external import check_external_config
+
+        check_external_config(config)
+        _check_trainer_gpu(config)
+    elif config.trainer_gpu_ids is not None:
         _check_dedicated(config)
+
+
+def _check_trainer_gpu(config: dev.InternalModelConfig) -> None:
+    """External mode: `trainer_gpu_ids`, if given, names one GPU this machine has."""
+    if config.trainer_gpu_ids is None:
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    if len(config.trainer_gpu_ids) != 1 or not 0 <= config.trainer_gpu_ids[0] < count:
+        raise ConfigError(
+            "_internal_config.trainer_gpu_ids",
+            f"is {config.trainer_gpu_ids}; the PEFT trainer trains on one GPU of this "
+            f"machine's {count}",
+            "Give one GPU id this machine has, or leave trainer_gpu_ids unset",
+        )
 
 
 def _check_dedicated(config: dev.InternalModelConfig) -> None:

@@ -26,7 +26,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -46,12 +46,35 @@ from .server import ServerArgs, VLLMServer, require_vllm_python
 _TIMEOUT = httpx.Timeout(None, connect=10.0)  # a long completion may take minutes
 
 
+class Server(Protocol):
+    """The vLLM server an engine talks to: one it starts (`VLLMServer`), or one it attaches
+    to (`external.ExternalServer`)."""
+
+    base_url: str
+    api_key: str
+
+    @property
+    def log_path(self) -> Path | str:
+        """Where its log is (named in errors)."""
+        ...
+
+    @property
+    def served_name(self) -> str:
+        """The name the server serves the base model under."""
+        ...
+
+    def start(self) -> None: ...
+    def failure(self) -> str | None: ...
+    def exited_within(self, seconds: float) -> bool: ...
+    def stop(self) -> None: ...
+
+
 class VLLMEngine:
     """Serves one base model (and LoRA checkpoints of it) through a vLLM server process."""
 
     def __init__(
         self,
-        server: VLLMServer,
+        server: Server,
         tokenizer: Any,
         *,
         stop_token_ids: set[int],
@@ -155,7 +178,7 @@ class VLLMEngine:
             sampling["structured_outputs"] = {"grammar": params.grammar.source}
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
-            "model": adapter if adapter is not None else self.server.args.served_name,
+            "model": adapter if adapter is not None else self.server.served_name,
             "sampling_params": sampling,
             "output_mode": "tokens",
         }
@@ -441,4 +464,4 @@ def start_vllm_engine(spec: EngineSpec) -> VLLMEngine:
     )
 
 
-__all__ = ["VLLMEngine", "start_vllm_engine"]
+__all__ = ["Server", "VLLMEngine", "start_vllm_engine"]

@@ -111,6 +111,10 @@ class VLLMServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def served_name(self) -> str:
+        return self.args.served_name
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
