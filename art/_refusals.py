@@ -82,14 +82,6 @@ _DEPLOYMENT = (
     "adapter directory, <path>/<project>/models/<name>/checkpoints/<step>"
 )
 
-_HISTORY_NAMES = (
-    "ART's constants for naming history keys by its metric taxonomy (sections, splits, "
-    "W&B's canonical keys) are not exported from art.model; history.jsonl names its metrics "
-    "by that taxonomy all the same (art.core.history_keys has the rules, "
-    "docs/reference/storage.md lists the keys), and W&B gets every key, not only the "
-    "canonical ones"
-)
-
 _GATHER_INTERNAL = (
     "part of ART's gather internals (its progress-bar context); here "
     "art.gather_trajectory_groups and art.gather_trajectories run rollouts, count "
@@ -231,15 +223,6 @@ REFUSED_NAMES: dict[str, str] = {
         "ART's internal field of dev.TrainSFTConfig; to train without logging, call "
         "model.train_sft(..., log_metrics=False)"
     ),
-    **{
-        f"art.model.{name}": _HISTORY_NAMES
-        for name in [
-            "METRIC_SECTIONS",
-            "METRIC_SPLITS",
-            "WANDB_CANONICAL_METRIC_KEYS",
-            "WANDB_CANONICAL_METRIC_PREFIXES",
-        ]
-    },
     **{
         f"art.trajectories.{name}": _EXCHANGES
         for name in [

@@ -3,6 +3,12 @@
 from typing import Any
 
 from ._refusals import refused_name
+from .core.history_keys import (
+    METRIC_SECTIONS,
+    METRIC_SPLITS,
+    WANDB_CANONICAL_METRIC_KEYS,
+    WANDB_CANONICAL_METRIC_PREFIXES,
+)
 from .core.model import Model, TrainableModel
 from .core.model_store import METRICS_BUILDER_STATE_KEY
 
@@ -11,4 +17,12 @@ def __getattr__(name: str) -> Any:
     return refused_name(__name__, name)
 
 
-__all__ = ["METRICS_BUILDER_STATE_KEY", "Model", "TrainableModel"]
+__all__ = [
+    "METRICS_BUILDER_STATE_KEY",
+    "METRIC_SECTIONS",
+    "METRIC_SPLITS",
+    "WANDB_CANONICAL_METRIC_KEYS",
+    "WANDB_CANONICAL_METRIC_PREFIXES",
+    "Model",
+    "TrainableModel",
+]

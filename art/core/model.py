@@ -25,7 +25,7 @@ from . import dev, observe
 from .backend import Backend, InferenceEndpoint
 from .config_errors import ConfigModel, config_error
 from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
-from .history_keys import batch_keys, qualify_metric_key
+from .history_keys import batch_keys, qualify_metric_key, user_metric_keys
 from .log_checks import check_metrics, check_split
 from .metrics import group_costs, group_metrics
 from .metrics_builder import MetricsBuilder
@@ -286,7 +286,9 @@ class Model(ConfigModel):
         for key, value in costs.items():
             builder.add_cost(key.removeprefix("costs/"), value)
         step = await self.get_step() if step is None else step
-        await record(backend, self, groups, split, step, row)
+        await record(
+            backend, self, groups, split, step, row, user_metric_keys(split, groups, metrics)
+        )
 
     def metrics_builder(self, cost_context: str | None = None) -> MetricsBuilder:
         """This model's `MetricsBuilder` (`art.metrics`), or its view for `cost_context`.

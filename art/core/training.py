@@ -27,15 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import dev, observe
 from .errors import ConfigError, TrainingError
-from .history_keys import batch_keys, qualify_metric_key, trainer_keys
+from .history_keys import (
+    METRIC_SECTIONS,
+    SFT_TRAINER_KEYS,
+    batch_keys,
+    qualify_metric_key,
+    trainer_keys,
+    user_metric_keys,
+    wandb_metrics,
+)
 from .metrics import group_costs, group_metrics
-from .metrics_taxonomy import SFT_METRIC_PREFIX
+from .metrics_taxonomy import SFT_METRIC_PREFIX, average_metric_samples
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
 from .validation import check_trainable, coerce_groups
@@ -50,7 +58,8 @@ logger = logging.getLogger("art")
 @dataclass(frozen=True)
 class StepResult:
     """One step's outcome: the step it trained from (its new checkpoint is `step + 1`)
-    and its metrics, unprefixed."""
+    and its metrics under ART's names (`loss/train`, `data/step_*`, `train/reward`), so
+    that ART's `model.log(metrics=result.metrics, step=result.step)` logs them as ART's."""
 
     step: int
     metrics: dict[str, float]
@@ -116,8 +125,14 @@ async def run_step(
     if verbose:
         shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
         print(f"[{model.name}] step {step} -> {step + 1}: {shown}")
-    await record(backend, model, [], "train", step, _art_named(metrics, figures, extra))
-    return StepResult(step, metrics)
+    row = _art_named(metrics, figures, extra)
+    # What ART's trainer returns is logged directly (`model.log(metrics=result.metrics)`),
+    # so W&B gets all of it, as it gets the groups' own metrics and `extra_metrics`.
+    trained = trainer_keys("train", {k: v for k, v in metrics.items() if k not in figures})
+    await record(
+        backend, model, [], "train", step, row, user_metric_keys("train", groups) | set(trained)
+    )
+    return StepResult(step, row)
 
 
 def _art_named(
@@ -149,6 +164,7 @@ async def run_sft(
     if isinstance(dev_config, dict):  # ART's dev.TrainSFTConfig is a dict
         dev_config = dev.TrainSFTConfig(**dev_config)
     config = config or TrainSFTConfig()
+    started = time.monotonic()
     rows = await backend.train_sft(
         model,
         examples,
@@ -156,6 +172,7 @@ async def run_sft(
         dev_config=_with_assistant_turns(config, dev_config or dev.TrainSFTConfig()),
         verbose=verbose,
     )
+    elapsed = time.monotonic() - started
     if not log_metrics:
         return
     step = await backend.get_step(model)
@@ -163,6 +180,24 @@ async def run_sft(
         await record(
             backend, model, [], SFT_METRIC_PREFIX, step, trainer_keys(SFT_METRIC_PREFIX, row)
         )
+    if rows:
+        # ART's summary of the call: the batches' mean under `train` at the new step.
+        summary = _sft_summary(rows) | {"time/step_backend_train_s": elapsed}
+        await record(backend, model, [], "train", step, summary, summary.keys())
+
+
+def _sft_summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of the batches' figures that ART's SFT trainers report (`loss/train`,
+    `loss/grad_norm`, ...); our own (tokens, seconds) stay in the `sft/` rows."""
+    named = [
+        {
+            k: v
+            for k, v in row.items()
+            if k in SFT_TRAINER_KEYS or k.split("/")[0] in METRIC_SECTIONS
+        }
+        for row in rows
+    ]
+    return trainer_keys("train", average_metric_samples(named))
 
 
 async def record(
@@ -172,17 +207,20 @@ async def record(
     split: str,
     step: int,
     metrics: dict[str, float],
+    user_keys: Collection[str] = (),
 ) -> None:
     """Store groups and a history row, then send the row to W&B where that is on.
 
     The row takes what the model's `MetricsBuilder` holds for `split` (the step's
-    `costs/...` and their running totals), which starts the next step empty.
+    `costs/...` and their running totals), which starts the next step empty. W&B gets
+    what ART sends it: the canonical keys and the user's own (`user_keys`, the row's
+    keys that name the user's metrics); history.jsonl keeps every key.
     """
     await asyncio.to_thread(model._read_metrics_state)  # a model logged unregistered
     metrics = metrics | await model._flush_step_metrics(split)
     await backend.log(model, groups, split=split, step=step, metrics=metrics)
     await asyncio.to_thread(model._write_metrics_state)  # totals continue after a restart
-    observe.history_row(model, step, metrics)
+    observe.history_row(model, step, wandb_metrics(metrics, user_keys))
 
 
 def _with_assistant_turns(

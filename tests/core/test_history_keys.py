@@ -206,3 +206,35 @@ def test_an_old_history_reads_back_under_arts_names_through_the_store_and_art_sh
     for placed in ("training_step", "sft/gradient_step", "sft/batches", "train/loss"):
         assert placed not in series
     assert next(iter(series)) == "train/reward"  # rewards lead, as before
+
+
+def test_an_old_users_train_loss_keeps_its_name_beside_our_old_trainers_rows(
+    old_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Only keys our old code wrote are renamed: a user's own `train/loss` (logged alone,
+    or with a batch of groups) was never the trainer's and reads back as it was logged."""
+    from art.core.model_store import ModelStore
+
+    shutil.copytree(OLD.parents[3], tmp_path, dirs_exist_ok=True)
+    path = tmp_path / "before-taxonomy" / "models" / "agent" / "history.jsonl"
+    batch_with_loss = {
+        **{k: v for k, v in old_rows[0].items() if k != "val/group_hops"},
+        "step": 4,
+    }
+    batch_with_loss = {k.replace("val/", "train/"): v for k, v in batch_with_loss.items()} | {
+        "train/loss": 0.5
+    }
+    alone = {"step": 5, "recorded_at": "2026-11-26T12:30:00+00:00", "train/loss": 0.25}
+    with path.open("a") as file:
+        file.write(json.dumps(batch_with_loss) + "\n" + json.dumps(alone) + "\n")
+
+    rows = ModelStore(tmp_path, "before-taxonomy", "agent").read_history()
+    assert rows[1]["loss/train"] == old_rows[1]["train/loss"]  # our old trainer's: renamed
+    assert "train/loss" not in rows[1]
+    assert rows[-2]["train/loss"] == 0.5
+    assert "loss/train" not in rows[-2]
+    assert rows[-2]["data/step_num_trajectories"] == 5  # the batch's counts still are ours
+    assert rows[-1] == {**alone, "training_step": 5}
+    # an old row of the user's own under `train_sft/` is not taken for an SFT batch
+    users_sft = {"step": 6, "train_sft/loss": 1.0}
+    assert migrate_history_row(users_sft) == {**users_sft, "training_step": 6}

@@ -3,7 +3,8 @@
 One run per model: project `model.project`, name and id `model.storage_name` (a trainable
 model's `run_name`: ART's choice, so a run ART started is continued), entity `model.entity` (or W&B's default). `resume="allow"`
 makes a second process on the same model continue the same run instead of starting one
-per process. Each row is logged under its `history.jsonl` names (ART 0.5.23's) with its
+per process. Each row is logged under its `history.jsonl` names (ART 0.5.23's), only the
+keys ART sends (`history_keys.wandb_metrics`, chosen by the caller), with its
 step as `training_step`, which every metric is plotted against (`define_metric`, as ART
 defines it), so a row logged late (a validation of an earlier step) still lands at its own
 step; an SFT batch's `sft/...` metrics are plotted against `sft/gradient_step`.
