@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from art.core.model_store import ModelStore
-from art.core.s3_publish import UnpublishedCheckpointWarning
 from art.local import LocalBackend
 from art.utils.s3 import (
     S3SyncError,
+    UnpublishedCheckpointWarning,
     ensure_bucket_exists,
     pull_model_from_s3,
     push_model_to_s3,
