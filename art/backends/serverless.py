@@ -324,10 +324,29 @@ class ServerlessBackend:
         call): its latest, or its latest at or before `not_after_step`, becomes `model`'s
         checkpoint of the same step. `art serve` does it (`POST .../models/{id}/fork`, our
         extension); ART's client forks W&B artifacts, which this one does not use, so
-        against the managed service it fails with the server's answer. S3 is refused."""
-        for field, value in (("from_s3_bucket", from_s3_bucket), ("prefix", prefix)):
-            if value is not None:
-                raise ConfigError(field, "forking from S3 is not built", f"Leave {field}=None")
+        against the managed service it fails with the server's answer.
+
+        With `from_s3_bucket` (and `prefix`, the key prefix it was pushed under), the
+        checkpoint is pulled from S3 here, with this machine's AWS settings (as ART's
+        client does), and uploaded to the server (`PUT .../models/{id}/checkpoints/{step}`,
+        our extension; ART uploads it as a W&B artifact)."""
+        if prefix is not None and from_s3_bucket is None:
+            raise ConfigError(
+                "prefix",
+                "is an S3 key prefix, and no from_s3_bucket was given",
+                "Pass from_s3_bucket too, or leave prefix=None",
+            )
+        if from_s3_bucket is not None:
+            step = await self._fork_from_s3(
+                model, from_model, from_project or model.project, from_s3_bucket, prefix,
+                not_after_step, verbose,
+            )  # fmt: skip
+            if verbose:
+                print(
+                    f"[{model.project}/{model.storage_name}] forked {from_model} from S3 at "
+                    f"step {step}"
+                )
+            return
         model_id = self._id(model)
         answer = await self._request(
             "POST",
@@ -343,6 +362,60 @@ class ServerlessBackend:
             print(
                 f"[{model.project}/{model.storage_name}] forked {from_model} at step {answer['step']}"
             )
+
+    async def _fork_from_s3(
+        self,
+        model: Model,
+        name: str,
+        project: str,
+        bucket: str,
+        prefix: str | None,
+        not_after_step: int | None,
+        verbose: bool,
+    ) -> int:
+        """Pull the source's checkpoint from S3 into a temporary path, check its base
+        model, and upload it zipped as `model`'s checkpoint of the same step."""
+        from ..core import s3
+
+        where = s3.build_s3_path(model_name=name, project=project, s3_bucket=bucket, prefix=prefix)
+        if not_after_step is None:
+            step = await s3.get_latest_checkpoint_step_from_s3(name, project, bucket, prefix)
+            if step is None:
+                raise FileNotFoundError(f"{where}/checkpoints/ holds no checkpoints to fork from")
+        else:
+            step = await s3.get_checkpoint_step_not_after_from_s3(
+                name, project, not_after_step, bucket, prefix
+            )
+            if step is None:
+                raise ConfigError(
+                    "not_after_step",
+                    f"{where} has no checkpoint at or before step {not_after_step}",
+                    "Pick a later step, or check from_model, from_project and prefix",
+                )
+        if verbose:
+            print(f"pulling checkpoint {step} of {project}/{name} from {where}")
+        with tempfile.TemporaryDirectory(prefix="art-fork-") as tmp:
+            await s3.pull_model_from_s3(name, project, step, bucket, prefix, verbose, art_path=tmp)
+            await s3.pull_model_record(name, project, bucket, prefix, tmp)
+            source = ModelStore(tmp, project, name)
+            record = source.read_model() or {}
+            base_model = getattr(model, "base_model", None)
+            if record.get("base_model") not in (None, base_model):
+                raise ConfigError(
+                    "from_model",
+                    f"{project}/{name} was trained on {record['base_model']!r}, and "
+                    f"{model.project}/{model.storage_name} is {base_model!r}: its adapter "
+                    "would not fit",
+                    "Fork from a model with the same base_model",
+                )
+            archive = await asyncio.to_thread(_zip_dir, source.checkpoint_dir(step))
+        answer = await self._request(
+            "PUT",
+            f"/preview/models/{self._id(model)}/checkpoints/{step}",
+            content=archive,
+            idempotent=False,
+        )
+        return int(answer["step"])
 
     async def _upload(self, model_id: str, data: Path) -> str:
         """Send `data` to the server in parts of at most `_UPLOAD_PART_BYTES` (whole lines);
@@ -545,6 +618,19 @@ class ServerlessBackend:
                     return _result(method, url, response)
             await asyncio.sleep(0.25 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def _zip_dir(directory: Path) -> bytes:
+    """The files of `directory`, zipped with paths relative to it."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                zipped.write(path, path.relative_to(directory).as_posix())
+    return buffer.getvalue()
 
 
 def experimental_config(config: TrainConfig, dev_config: dev.TrainConfig) -> dict[str, Any]:

@@ -733,21 +733,36 @@ async def pull_model_from_s3(
     )
     local_model = model_dir(project, model_name, art_path)
     local = local_model / "checkpoints" / f"{step:04d}" if step is not None else local_model
+    model_uri = build_s3_path(
+        model_name=model_name, project=project, s3_bucket=s3_bucket, prefix=prefix
+    )
+    bucket, model_key = _split_uri(model_uri)
     s3 = client()
 
-    def pull() -> None:
-        _require_bucket(s3, _split_uri(uri)[0])
-        _sync(
-            uri,
-            str(local),
-            s3=s3,
-            verbose=verbose,
-            delete=delete,
-            keep=_keep(patterns, skip_hidden=True),
-            must_exist=True,
-        )
+    def published_only() -> Callable[[str], bool]:
+        """The filter of what to pull: unpublished checkpoints left out (and warned of)."""
+        from .s3_publish import split_published, unpublished_error
 
-    await asyncio.to_thread(pull)
+        _require_bucket(s3, bucket)
+        if step is not None:
+            stored = _list_s3(s3, bucket, f"{model_key}/checkpoints/{step:04d}")
+            if stored and not split_published(s3, bucket, model_key, [step])[0]:
+                raise unpublished_error(model_uri, step, bucket, model_key)
+            return _keep(patterns, skip_hidden=True)
+        steps = list_step_prefixes(s3, bucket, f"{model_key}/checkpoints")
+        skipped[:] = split_published(s3, bucket, model_key, steps)[1]
+        left_out = [f"checkpoints/{s:04d}/*" for s in skipped]
+        return _keep([*patterns, *left_out], skip_hidden=True)
+
+    skipped: list[int] = []
+    keep = await asyncio.to_thread(published_only)
+    if skipped:
+        from .s3_publish import warn_unpublished
+
+        warn_unpublished(model_uri, skipped)
+    await asyncio.to_thread(
+        _sync, uri, str(local), s3=s3, verbose=verbose, delete=delete, keep=keep, must_exist=True
+    )
     return str(local_model)
 
 
@@ -805,14 +820,12 @@ async def push_model_to_s3(
     s3 = client()
 
     def push() -> None:
-        _ensure_bucket(s3, _split_uri(uri)[0])
-        _sync(
-            str(local),
-            uri,
-            s3=s3,
-            verbose=verbose,
-            delete=delete,
-            keep=_keep([], skip_hidden=True),
+        from .s3_publish import push_published
+
+        bucket, key = _split_uri(uri)
+        _ensure_bucket(s3, bucket)
+        push_published(
+            s3, local, bucket, key, verbose=verbose, delete=delete, keep=_keep([], skip_hidden=True)
         )
 
     await asyncio.to_thread(push)
@@ -916,11 +929,19 @@ async def _stored_steps(
     bucket, key = _split_uri(uri)
     s3 = client()
 
-    def steps() -> list[int]:
-        _require_bucket(s3, bucket)
-        return list_step_prefixes(s3, bucket, f"{key}/checkpoints")
+    def steps() -> tuple[list[int], list[int]]:
+        from .s3_publish import split_published
 
-    return await asyncio.to_thread(steps)
+        _require_bucket(s3, bucket)
+        return split_published(
+            s3, bucket, key, list_step_prefixes(s3, bucket, f"{key}/checkpoints")
+        )
+
+    published, unpublished = await asyncio.to_thread(steps)
+    from .s3_publish import warn_unpublished
+
+    warn_unpublished(uri, unpublished, stacklevel=4)
+    return published
 
 
 async def migrate_s3_checkpoints_to_new_structure(
@@ -939,6 +960,8 @@ async def migrate_s3_checkpoints_to_new_structure(
     print(f"Checking for checkpoints to migrate in {uri}")
 
     def migrate() -> None:
+        from .s3_publish import mark_migrated
+
         _require_bucket(s3, bucket)
         old = [f"{step:04d}" for step in list_step_prefixes(s3, bucket, key)]
         old = [name for name in old if len(name) == 4]
@@ -969,6 +992,7 @@ async def migrate_s3_checkpoints_to_new_structure(
                     key=f"{target}/",
                     code=None,
                 )
+            mark_migrated(s3, bucket, key, int(name), objects)
             _delete_keys(s3, bucket, [f"{source}/{relative}" for relative in objects], False)
             print(f"  Successfully migrated checkpoint {name}")
             migrated += 1

@@ -221,6 +221,15 @@ def build_server_app(
         logger.info("model %s forked from %s at step %d", model_id, body.from_model, step)
         return {"model_id": model_id, "step": step}
 
+    @app.put("/v1/preview/models/{model_id}/checkpoints/{step}")
+    async def upload_checkpoint(model_id: str, step: int, request: Request) -> dict[str, Any]:
+        """A checkpoint the client holds (zipped adapter files) becomes the model's
+        checkpoint `step` (our extension: a fork from S3, pulled by the client)."""
+        archive = await request.body()
+        served = await asyncio.to_thread(server.upload_checkpoint, model_id, step, archive)
+        logger.info("model %s took an uploaded checkpoint at step %d", model_id, step)
+        return {"model_id": model_id, "step": served}
+
     @app.post("/v1/preview/training-jobs")
     async def create_training_job(body: TrainingJobCreate) -> dict[str, Any]:
         job = await asyncio.to_thread(server.start_job, body)

@@ -11,6 +11,8 @@ each private backend method, and gets its return value back as JSON.
     POST /_train_model                   {model, trajectory_groups, config, dev_config,
                                           verbose}            -> NDJSON metric dicts
     POST /_delete_checkpoint_files       {model, steps_to_keep}                   -> null
+    POST /_experimental_push_to_s3       {model, s3_bucket, prefix, verbose, delete} -> null
+    POST /_experimental_pull_from_s3     {model, s3_bucket, prefix, verbose, delete} -> null
     POST /close                          unload every model (files stay)          -> null
     POST /v1/chat/completions, GET /v1/models   the OpenAI endpoint (`base_url`)
 
@@ -21,6 +23,13 @@ server writes them, so the sampled ids survive a client that rebuilds each Choic
 `api_key`, every route but `/healthcheck` needs `Authorization: Bearer <key>`; ART's has
 no key, so without one it belongs on 127.0.0.1 or a private network.
 
+The S3 routes (ART's `art run` has them since 0.5.x) push the server's copy of a model to
+S3, or pull one into the server's path, with the server's AWS settings (`AWS_*`,
+`AWS_ENDPOINT_URL`, `BACKUP_BUCKET` for `s3_bucket: null`) and `art.utils.s3`'s rules: a
+push publishes each checkpoint only when complete, a pull takes only published ones. A
+bucket or key that is not there answers 404 (`param` "s3_bucket"); any other S3 failure
+502, with the server's message naming bucket and key.
+
 Errors are `{"error": {"message", "type", "param", ...}}` with a 4xx status, `param` the
 offending field's JSON path, as `art serve` writes them (ART's server answers `{"detail":
 ...}`; its clients read the status).
@@ -29,11 +38,13 @@ offending field's JSON path, as `art serve` writes them (ART's server answers `{
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -191,6 +202,22 @@ def build_run_app(
         await backend._delete_checkpoint_files(model, steps)
         return None
 
+    @app.post("/_experimental_push_to_s3")
+    async def push_to_s3(request: Request) -> None:
+        model, options = _s3_options(await _json(request))
+        with _s3_errors():
+            await backend._experimental_push_to_s3(model, **options)
+        return None
+
+    @app.post("/_experimental_pull_from_s3")
+    async def pull_from_s3(request: Request) -> None:
+        model, options = _s3_options(await _json(request))
+        with _s3_errors(), warnings.catch_warnings():
+            # The deprecation is for the client's method, not for this route.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            await backend._experimental_pull_from_s3(model, **options)
+        return None
+
     @app.post("/close")
     async def close() -> None:
         await backend.close()
@@ -226,6 +253,43 @@ def parse_model(data: Any, where: str) -> Model:
     except ArtValueError as error:
         param = prefix + error.field
         raise ApiError(400, f"{param}: {error.problem}. {error.fix}", param=param) from None
+
+
+_S3_FIELDS = ("model", "s3_bucket", "prefix", "verbose", "delete")
+
+
+def _s3_options(data: Any) -> tuple[Model, dict[str, Any]]:
+    """The model and keyword arguments of an S3 route's body (ART's fields, each checked)."""
+    body = _object(data, "body", _S3_FIELDS)
+    model = parse_model(body.get("model"), "model")
+    options: dict[str, Any] = {}
+    for field in ("s3_bucket", "prefix"):
+        value = body.get(field)
+        if value is not None and not (isinstance(value, str) and value):
+            raise ApiError(400, f"{field}: must be a non-empty string or null", param=field)
+        options[field] = value
+    for field in ("verbose", "delete"):
+        value = body.get(field, False)
+        if not isinstance(value, bool):
+            raise ApiError(400, f"{field}: must be true or false", param=field)
+        options[field] = value
+    return model, options
+
+
+@contextlib.contextmanager
+def _s3_errors() -> Iterator[None]:
+    """The S3 calls' failures as answers: what is missing 404, the rest 502."""
+    from ..core.s3 import S3Error
+
+    try:
+        yield
+    except S3Error as error:
+        missing = error.code in ("NoSuchBucket", "NoSuchKey")
+        status, code = (404, "s3_not_found") if missing else (502, "s3_error")
+        param = "s3_bucket" if error.key is None or missing else None
+        raise ApiError(status, str(error), param=param, code=code) from None
+    except FileNotFoundError as error:  # nothing of the model on this server to push
+        raise ApiError(404, f"model: {error}", param="model") from None
 
 
 def _trainable(model: Model, where: str) -> TrainableModel:

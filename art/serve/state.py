@@ -209,6 +209,23 @@ class ArtServer:
             fork_checkpoint(store, record["base_model"], source, body.not_after_step)
             return self.service.continue_from_latest(project, name)
 
+    def upload_checkpoint(self, model_id: str, step: int, archive: bytes) -> int:
+        """Install a zipped checkpoint as the model's checkpoint `step` (a fork whose
+        source the client holds, as from S3); returns the step the engine serves now."""
+        from .checkpoint_uploads import install, read_archive
+
+        store = self.store(model_id)
+        project, _, name = model_id.partition("~")
+        with self._guard:
+            self.refuse_if_training(model_id)
+            self.refuse_if_deleting(model_id)
+        record = store.read_model() or {}
+        zipped = read_archive(archive, record.get("base_model", ""))
+        self.ensure_loaded(store)  # refuses a model that is not trainable
+        with self.lock(model_id):
+            install(store, step, zipped)
+            return self.service.continue_from_latest(project, name)
+
     def start_job(self, body: TrainingJobCreate) -> TrainingJob:
         store = self.store(body.model_id)
         config, dev_config = (body.experimental_config or ExperimentalTrainingConfig()).to_configs()

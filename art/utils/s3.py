@@ -1,5 +1,6 @@
 """ART's `art.utils.s3` module path: model directories pushed to and pulled from S3
-(`art.core.s3`, through boto3 instead of ART's `aws` CLI)."""
+(`art.core.s3`, through boto3 instead of ART's `aws` CLI). A push publishes each checkpoint
+only when complete, and readers take only published ones (`art.core.s3_publish`)."""
 
 from ..core.s3 import (
     ExcludableOption,
@@ -12,10 +13,12 @@ from ..core.s3 import (
     push_model_to_s3,
     s3_sync,
 )
+from ..core.s3_publish import UnpublishedCheckpointWarning
 
 __all__ = [
     "ExcludableOption",
     "S3SyncError",
+    "UnpublishedCheckpointWarning",
     "archive_and_presign_step_url",
     "build_s3_path",
     "build_s3_zipped_step_path",

@@ -8,16 +8,19 @@ trains through a real `art serve`.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
@@ -591,7 +594,7 @@ async def test_a_kl_reference_checkpoint_is_the_policy_the_penalty_is_taken_agai
 
 
 async def test_a_model_forks_another_models_checkpoint_through_art_serve(
-    server: Server,
+    server: Server, s3_bucket: str
 ) -> None:
     backend = ServerlessBackend(base_url=server.url, api_key=KEY)
     source = art.TrainableModel(name="fork-from", project="train-api", base_model=BASE)
@@ -617,7 +620,51 @@ async def test_a_model_forks_another_models_checkpoint_through_art_serve(
     with pytest.raises(art.ConfigError) as refused:
         await backend._experimental_fork_checkpoint(target, "fork-from")
     assert refused.value.field == "model"
+
+    # From S3: pulled by the client (its AWS settings), uploaded to the server zipped.
+    from art.utils.s3 import push_model_to_s3
+
+    await push_model_to_s3("fork-from", "train-api", s3_bucket, "runs", art_path=str(server.path))
+    from_s3 = art.TrainableModel(name="fork-s3", project="train-api", base_model=BASE)
+    await from_s3.register(backend)
     with pytest.raises(art.ConfigError) as refused:
-        await backend._experimental_fork_checkpoint(target, "fork-from", from_s3_bucket="b")
-    assert refused.value.field == "from_s3_bucket"
+        await backend._experimental_fork_checkpoint(from_s3, "fork-from", prefix="runs")
+    assert refused.value.field == "prefix"
+    await backend._experimental_fork_checkpoint(
+        from_s3, "fork-from", from_s3_bucket=s3_bucket, prefix="runs"
+    )
+    assert await from_s3.get_step() == 1
+    assert (models / "fork-s3" / adapter).read_bytes() == (
+        models / "fork-from" / adapter
+    ).read_bytes()
+    assert (await probe(from_s3, from_s3.get_inference_name(1)))[0] == (
+        await probe(source, source.get_inference_name(1))
+    )[0]
     await backend.close()
+
+    # The upload route checks what it is sent, and names what is wrong.
+    def zipped(files: dict[str, str]) -> bytes:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for name, text in files.items():
+                archive.writestr(name, text)
+        return buffer.getvalue()
+
+    config = json.dumps({"base_model_name_or_path": BASE})
+    url = f"{server.url}/preview/models/train-api~fork-s3/checkpoints"
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+        for step, body, status, param, words in (
+            (5, b"not a zip", 400, "body", "not a zip archive"),
+            (5, zipped({"../adapter_config.json": config}), 400, "body", "not a relative path"),
+            (5, zipped({".hidden": "x", "adapter_config.json": config}), 400, "body", "hidden"),
+            (5, zipped({"weights.bin": "x"}), 400, "body", "no adapter_config.json"),
+            (5, zipped({"adapter_config.json": '{"base_model_name_or_path": "x/y"}'}), 400,
+             "body", "trained on 'x/y'"),
+            (1, zipped({"adapter_config.json": config}), 409, "step", "at step 1 already"),
+            (0, zipped({"adapter_config.json": config}), 400, "step", "1 or more"),
+        ):  # fmt: skip
+            answer = await http.put(f"{url}/{step}", content=body)
+            assert answer.status_code == status, answer.text
+            assert answer.json()["error"]["param"] == param
+            assert words in answer.json()["error"]["message"]
+    assert await from_s3.get_step() == 1

@@ -113,6 +113,9 @@ async def test_a_pushed_model_is_pulled_whole_into_a_fresh_path(
 
     root = f"runs/{PROJECT}/models/{NAME}/"
     assert keys(s3_bucket) == [
+        root + ".art-complete/0001.json",  # each checkpoint's completion marker
+        root + ".art-complete/0002.json",
+        root + ".art-complete/format.json",
         root + "checkpoints/0001/adapter_config.json",
         root + "checkpoints/0001/adapter_model.safetensors",
         root + "checkpoints/0002/adapter_config.json",
@@ -199,6 +202,8 @@ async def test_a_failed_pull_leaves_every_local_checkpoint_as_it_was(
     s3().put_object(Bucket=s3_bucket, Key=f"{root}/0001/adapter_config.json", Body=b"new")
     s3().put_object(Bucket=s3_bucket, Key=f"{root}/0003/adapter", Body=b"a file")
     s3().put_object(Bucket=s3_bucket, Key=f"{root}/0003/adapter/weights", Body=b"and a folder")
+    marker = f"{PROJECT}/models/{NAME}/.art-complete/0003.json"
+    s3().put_object(Bucket=s3_bucket, Key=marker, Body=b"{}")  # step 3 is published
     with pytest.raises(S3SyncError) as failed:
         await pull_model_from_s3(NAME, PROJECT, s3_bucket=s3_bucket, art_path=str(there))
     assert failed.value.bucket == s3_bucket

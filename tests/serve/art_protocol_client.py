@@ -61,3 +61,31 @@ class ThirdPartyBackend:
     async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
         body = {"model": model.model_dump(), "steps_to_keep": steps_to_keep}
         await self._post("/_delete_checkpoint_files", body)
+
+    async def _experimental_push_to_s3(
+        self,
+        model: Any,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> None:
+        body = {"model": model.model_dump(), "s3_bucket": s3_bucket, "prefix": prefix}
+        await self._post(
+            "/_experimental_push_to_s3", {**body, "verbose": verbose, "delete": delete}
+        )
+
+    async def _experimental_pull_from_s3(
+        self,
+        model: Any,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> None:
+        body = {"model": model.model_dump(), "s3_bucket": s3_bucket, "prefix": prefix}
+        await self._post(
+            "/_experimental_pull_from_s3", {**body, "verbose": verbose, "delete": delete}
+        )

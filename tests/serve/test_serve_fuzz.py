@@ -58,6 +58,7 @@ def corpus(job_id: str, scoped_key: str, stored: str) -> list[tuple[str, str, di
         ("POST", f"{models}/{MODEL}/log"),
         ("GET", f"{models}/{MODEL}/checkpoints"),
         ("DELETE", f"{models}/{MODEL}/checkpoints"),
+        ("PUT", f"{models}/{MODEL}/checkpoints/9"),
         ("POST", jobs),
         ("GET", jobs),
         ("GET", f"{jobs}/{job_id}"),

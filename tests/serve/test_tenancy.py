@@ -385,6 +385,12 @@ def cross_tenant_requests(
             {"json": {"from_model": "owned", "from_project": project}},
         ),
         (
+            "PUT /v1/preview/models/{id}/checkpoints/{step}",
+            "PUT",
+            f"{MODELS}/{model}/checkpoints/9",
+            {"content": b"not a zip"},
+        ),
+        (
             "POST /v1/preview/training-jobs",
             "POST",
             "/v1/preview/training-jobs",
