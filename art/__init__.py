@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "LocalBackend": "art.backends.local",
     "ServerlessBackend": "art.backends.serverless",
     "PipelineTrainer": "art.pipeline",
+    "PipelineAutotuneConfig": "art.pipeline_tuner.config",
+    "PipelineRuntimeConfig": "art.pipeline_tuner.config",
     "auto_trajectory": "art.integrations.capture",
     "capture_auto_trajectory": "art.integrations.capture",
     "capture_callback": "art.integrations.langgraph.callbacks",
@@ -217,6 +219,8 @@ if TYPE_CHECKING:
     from .integrations.capture import yield_trajectory as yield_trajectory
     from .integrations.langgraph.callbacks import capture_callback as capture_callback
     from .pipeline import PipelineTrainer as PipelineTrainer
+    from .pipeline_tuner.config import PipelineAutotuneConfig as PipelineAutotuneConfig
+    from .pipeline_tuner.config import PipelineRuntimeConfig as PipelineRuntimeConfig
     from .runtime.art_tokenize import tensorize as tensorize
     from .runtime.art_tokenize import tokenize as tokenize
     from .runtime.tokenizer import get_tokenizer as get_tokenizer

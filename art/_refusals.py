@@ -55,15 +55,16 @@ _EXCHANGES = (
     "art.tensorize tokenize single-history trajectories"
 )
 
+_DISTRIBUTED = (
+    "ART's multi-node runtime (Monarch actors, etcd, NCCL and NIXL data planes); not "
+    "built: RayBackend spreads inference replicas and a data-parallel trainer over nodes. "
+    "Of it only art.distributed.rollout's RolloutExecutor and LocalRolloutExecutor are "
+    "built (PipelineTrainer's rollout_executor=)"
+)
+
 _MEGATRON = (
     "ART 0.5.23's Megatron runtime settings; its Megatron trainer is not built (see "
     "art.megatron): train with LocalBackend or RayBackend"
-)
-
-_AUTOTUNE = (
-    "ART 0.5.23's PipelineTrainer autotuning settings (art.pipeline_tuner), not built: "
-    "give PipelineTrainer its num_rollout_workers, min_batch_size, max_batch_size and "
-    "queue_maxsize"
 )
 
 _CLI = (
@@ -94,10 +95,7 @@ REFUSED: dict[str, str] = {
         "Engine, expert and context parallelism); instead, train with LocalBackend (PEFT or "
         "Unsloth on one machine) or RayBackend (data-parallel)"
     ),
-    "art.distributed": (
-        "ART's multi-node runtime (Monarch actors, etcd, NCCL and NIXL data planes); not "
-        "built: RayBackend spreads inference replicas and a data-parallel trainer over nodes"
-    ),
+    "art.distributed": _DISTRIBUTED,
     "art.trainer_rank": "ART's per-rank Megatron trainer internals (see art.megatron)",
     "art.weight_transfer": (
         "ART's NCCL weight transfer from trainer GPUs to vLLM; here each checkpoint reaches "
@@ -269,20 +267,33 @@ REFUSED_NAMES: dict[str, str] = {
             ("art.types", "MegatronTopologyConfig"),
         ]
     },
-    **{
-        f"{module}.{name}": _AUTOTUNE
-        for module in ["art", "art.pipeline_trainer"]
-        for name in ["PipelineRuntimeConfig"]
-    },
-    "art.PipelineAutotuneConfig": (
-        "ART 0.5.23 exports it at the top of `art`; here import it from art.pipeline_tuner "
-        "or art.pipeline_trainer"
-    ),
     "art.pipeline_tuner.attachment.VllmMetricPollHealth": (
         "the health record of ART's timed polls of vLLM's metrics endpoint; our engines "
         "expose no such gauge: feed readings to "
         "PipelineAutotunerAttachment.on_vllm_pressure_sample"
     ),
+    **{
+        f"art.distributed.{name}": (
+            "a name ART's art.distributed imports for its own use, not part of its API"
+        )
+        for name in ["Any", "TYPE_CHECKING", "import_module"]
+    },
+    **{
+        f"art.distributed.rollout.{name}": _DISTRIBUTED
+        for name in [
+            "DistributedRolloutExecutor",
+            "DistributedTrajectoryQueue",
+            "DistributedTrajectorySelection",
+            "InProcessRolloutWorker",
+            "InstalledAsyncCallable",
+            "RolloutInvocation",
+            "RolloutModelSpec",
+            "RolloutResult",
+            "RolloutWorkerEndpoint",
+            "TrajectoryQueueEndpoint",
+            "apportion_rollout_workers",
+        ]
+    },
     "art.pipeline_trainer.trainer.PIPELINE_STATE_KEY": (
         "ART keeps a pipeline's state under this key of the model's state; here it is "
         "<model dir>/pipeline_state.json (art.pipeline_trainer.state.PipelineState)"

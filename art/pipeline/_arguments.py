@@ -6,6 +6,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 from ..core.model import TrainableModel
+from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
 
 
 def check_backend_serves_while_training(backend: Any, model: TrainableModel) -> None:
@@ -30,22 +31,67 @@ def check_backend_serves_while_training(backend: Any, model: TrainableModel) -> 
 
 
 def refuse_unsupported(**values: object) -> None:
+    """ART's PipelineTrainer on a LocalBackend in dedicated mode refuses these too."""
     fixes = {
-        "pipeline": "pass num_rollout_workers=, min_batch_size=, max_batch_size=, "
-        "queue_maxsize= directly",
-        "loss_fn_config": "leave it None; fine knobs are art.dev.TrainConfig's",
-        "adam_params": "leave it None; the optimizer is set by art.dev.TrainerArgs",
-        "kl_penalty_step_lag": "leave it None: the KL penalty is taken against the base model",
-        "limit_mean_steps_off_policy": "bound staleness with max_steps_off_policy",
-        "score_reference_groups_per_step": "leave it None",
-        "score_reference_rollouts_per_group": "leave it None",
-        "rollout_executor": "leave it None: rollouts run as tasks in this process",
+        "loss_fn_config": "leave it None, as ART's PipelineTrainer on a dedicated "
+        "LocalBackend requires; the loss is shaped by loss_fn (and art.dev.TrainConfig)",
+        "adam_params": "leave it None, as ART's PipelineTrainer on a dedicated LocalBackend "
+        "requires; AdamW's settings are the model's: _internal_config="
+        "art.dev.InternalModelConfig(trainer_args=art.dev.TrainerArgs(...))",
     }
     for name, value in values.items():
         if value is not None:
             raise ConfigError(
-                name, "is not supported by this version's PipelineTrainer", fixes[name]
+                name, "is not taken by PipelineTrainer on a LocalBackend", fixes[name]
             )
+
+
+def check_kl_lag(kl_penalty_step_lag: int | None, kl_penalty_coef: float) -> None:
+    """A lag names the KL penalty's reference, so it needs a penalty (as backend.train's
+    kl_penalty_reference_step does; ART's PipelineTrainer drops it silently)."""
+    if kl_penalty_step_lag is not None and not kl_penalty_coef:
+        raise ConfigError(
+            "kl_penalty_step_lag",
+            f"is {kl_penalty_step_lag}, but kl_penalty_coef is 0: there is no KL penalty "
+            "to take a reference for",
+            "Set kl_penalty_coef > 0, or leave kl_penalty_step_lag None",
+        )
+
+
+_ALIASES = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
+
+
+def runtime_config(
+    pipeline: object | None, autotune: object | None, **aliases: int | None
+) -> PipelineRuntimeConfig:
+    """ART 0.5.23's `pipeline=PipelineRuntimeConfig(...)`, or ART 0.5.18's direct sizes
+    (`aliases`, still taken); giving both, or either beside an autotuner, is refused."""
+    given = {name: value for name, value in aliases.items() if value is not None}
+    tuned = isinstance(autotune, PipelineAutotuneConfig) and autotune.mode != "off"
+    if pipeline is None:
+        defaults = {name: PipelineRuntimeConfig.model_fields[name].default for name in _ALIASES}
+        check_ranges(**(defaults | given))  # a ConfigError naming the field, not pydantic's
+        return PipelineRuntimeConfig(**given)
+    if not isinstance(pipeline, PipelineRuntimeConfig):
+        raise ConfigError(
+            "pipeline",
+            f"is a {type(pipeline).__name__}",
+            "Pass art.pipeline_trainer.PipelineRuntimeConfig(num_rollout_workers=..., ...)",
+        )
+    if tuned:
+        raise ConfigError(
+            "pipeline",
+            "is given, but the autotuner owns the pipeline's settings (as in ART)",
+            "Leave pipeline=None, or use autotune=None",
+        )
+    if given:
+        first = next(iter(given))
+        raise ConfigError(
+            first,
+            "is given beside pipeline=PipelineRuntimeConfig(...); ART takes one or the other",
+            f"Move it into the config: pipeline=PipelineRuntimeConfig({first}=...)",
+        )
+    return pipeline
 
 
 def check_ranges(**values: float | None) -> None:
@@ -60,17 +106,28 @@ def check_ranges(**values: float | None) -> None:
         "eval_every_n_steps": 0,
         "grad_accumulation_sequences": 1,
         "kl_penalty_coef": 0,
+        "kl_penalty_step_lag": 1,
+        "limit_mean_steps_off_policy": 0,
     }
+    positive = {"score_reference_groups_per_step", "score_reference_rollouts_per_group"}
     for name, value in values.items():
         if value is None:
             continue
         if name in minimum and value < minimum[name]:
             raise ConfigError(name, f"is {value}", f"Use a value >= {minimum[name]}")
-    low, high = values["min_batch_size"], values["max_batch_size"]
+        if name in positive and value <= 0:
+            raise ConfigError(name, f"is {value}", "Use a value > 0, or None")
+    low, high = values.get("min_batch_size"), values.get("max_batch_size")
     if low is not None and high is not None and high < low:
         raise ConfigError(
             "max_batch_size", f"is {high}, below min_batch_size={low}", "Use max >= min"
         )
 
 
-__all__ = ["check_backend_serves_while_training", "check_ranges", "refuse_unsupported"]
+__all__ = [
+    "check_backend_serves_while_training",
+    "check_kl_lag",
+    "check_ranges",
+    "refuse_unsupported",
+    "runtime_config",
+]

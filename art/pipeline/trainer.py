@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
@@ -48,14 +49,26 @@ from ..core.model_store import ModelStore
 from ..core.training import run_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import TrainConfig
-from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineTuneSettings
+from ..pipeline_tuner.config import (
+    PipelineAutotuneConfig,
+    PipelineRuntimeConfig,
+    PipelineTuneSettings,
+)
 from ..pipeline_tuner.worker_controller import RolloutWorkerController
-from ._arguments import check_backend_serves_while_training, check_ranges, refuse_unsupported
+from ._arguments import (
+    check_backend_serves_while_training,
+    check_kl_lag,
+    check_ranges,
+    refuse_unsupported,
+    runtime_config,
+)
 from ._staleness import has_no_variance, is_stale, staleness_metrics, stamp_versions
 from ._state import STATE_FILE, PipelineState
 from ._types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 from .autotune import StepMeter, autotune_attachment, report_step
+from .executor import LocalRolloutExecutor, RolloutExecutor, check_executor
 from .retention import CheckpointRetentionContext, CheckpointRetentionStrategy, eligible_checkpoints
+from .score import ScoreReference, score_metrics
 from .status import StatusReporter
 
 logger = logging.getLogger("art.pipeline")
@@ -80,11 +93,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: ConfigT,
         eval_fn: EvalFn[ConfigT] | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
         queue_maxsize: int | None = None,
-        pipeline: object | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
         autotune: PipelineAutotuneConfig | None = None,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
@@ -111,30 +124,32 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
-        rollout_executor: object | None = None,
+        rollout_executor: RolloutExecutor | None = None,
     ) -> None:
-        refuse_unsupported(
-            pipeline=pipeline,
-            loss_fn_config=loss_fn_config,
-            adam_params=adam_params,
-            kl_penalty_step_lag=kl_penalty_step_lag,
-            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
-            score_reference_groups_per_step=score_reference_groups_per_step,
-            score_reference_rollouts_per_group=score_reference_rollouts_per_group,
-            rollout_executor=rollout_executor,
-        )
-        check_ranges(
+        refuse_unsupported(loss_fn_config=loss_fn_config, adam_params=adam_params)
+        runtime = runtime_config(
+            pipeline,
+            autotune,
             num_rollout_workers=num_rollout_workers,
             min_batch_size=min_batch_size,
             max_batch_size=max_batch_size,
             queue_maxsize=queue_maxsize,
+        )
+        check_ranges(
             max_steps=max_steps,
             discard_queue_multiplier=discard_queue_multiplier,
             max_steps_off_policy=max_steps_off_policy,
             eval_every_n_steps=eval_every_n_steps,
             grad_accumulation_sequences=grad_accumulation_sequences,
             kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_step_lag=kl_penalty_step_lag,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            score_reference_groups_per_step=score_reference_groups_per_step,
+            score_reference_rollouts_per_group=score_reference_rollouts_per_group,
         )
+        check_kl_lag(kl_penalty_step_lag, kl_penalty_coef)
+        executor = check_executor(rollout_executor or LocalRolloutExecutor())
+        runtime = _fit_capacity(runtime, executor.max_workers, num_rollout_workers, pipeline)
         if loss_fn not in ("cispo", "ppo"):
             raise ConfigError(
                 "loss_fn",
@@ -179,7 +194,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._meter = StepMeter()
         self.grad_accumulation_sequences = grad_accumulation_sequences
         self.packed_sequence_length = packed_sequence_length
-        self.rollout_worker_capacity: int | None = None  # rollouts are tasks: no cap
+        self.rollout_worker_capacity = executor.max_workers
+        self._rollout_executor = executor
         self.retention = checkpoint_retention_strategy
         self.retention_interval = checkpoint_retention_interval
         if not isinstance(model, TrainableModel):
@@ -192,14 +208,31 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.rollout_fn = rollout_fn
         self.config = config
         self.eval_fn = eval_fn
-        self.num_rollout_workers = num_rollout_workers
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size if max_batch_size is not None else 10 * min_batch_size
+        self.pipeline = runtime
+        self.num_rollout_workers = runtime.num_rollout_workers
+        executor.set_target(self.num_rollout_workers)
+        self.min_batch_size = runtime.min_batch_size
+        self.max_batch_size = runtime.max_batch_size or 10 * runtime.min_batch_size
         self.max_steps_off_policy = max_steps_off_policy
-        window = max_steps_off_policy if max_steps_off_policy else 1
-        self.queue_maxsize = queue_maxsize or max(1, window * self.max_batch_size)
+        self.limit_mean_steps_off_policy = limit_mean_steps_off_policy
+        window = _freshness_window(max_steps_off_policy, limit_mean_steps_off_policy)
+        self.queue_maxsize = runtime.queue_maxsize or max(1, window) * self.max_batch_size
+        # As ART's PipelineTrainer: the KL penalty compares the sampler's logprobs with the
+        # reference's, which is the base model or, with a lag, the checkpoint that many
+        # steps behind the one being trained from.
+        self.kl_penalty_step_lag = kl_penalty_step_lag
         self.train_config = TrainConfig(
-            learning_rate=learning_rate, kl_penalty_coef=kl_penalty_coef
+            learning_rate=learning_rate,
+            kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_source="sample",
+        )
+        self.score_reference = ScoreReference(
+            groups_per_step=_given_or(
+                score_reference_groups_per_step, runtime.score_reference_groups_per_step
+            ),
+            rollouts_per_group=_given_or(
+                score_reference_rollouts_per_group, runtime.score_reference_rollouts_per_group
+            ),
         )
         self.dev_config = dev.TrainConfig(
             ppo=loss_fn == "ppo",
@@ -208,7 +241,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             packed_sequence_length=packed_sequence_length,
         )
         self.max_steps = max_steps
-        self.discard_limit = discard_queue_multiplier * min_batch_size
+        self.discard_limit = discard_queue_multiplier * self.min_batch_size
         self.eval_every_n_steps = eval_every_n_steps
         self.eval_at_start = eval_at_start
         self.resume = resume
@@ -220,7 +253,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             log_interval_seconds=log_interval_seconds,
             status_ewa_alpha=status_ewa_alpha,
             total_scenarios=total_scenarios,
-            num_workers=num_rollout_workers,
+            num_workers=self.num_rollout_workers,
             total_steps=max_steps,
         )
         self._stop = asyncio.Event()
@@ -336,6 +369,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         staleness = staleness_metrics(batch, train_step)
         extra = {
             **staleness,
+            **score_metrics(batch, train_step, self.score_reference),
             "groups_dropped_stale": float(dropped_stale),
             "groups_dropped_no_variance": float(dropped_no_variance),
             "queue_depth": float(self._queue.qsize() if self._queue else 0),
@@ -348,7 +382,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self.model,
                 batch,
                 config=self.train_config,
-                dev_config=self.dev_config,
+                dev_config=self._kl_reference(train_step),
                 extra_metrics=extra,
             )
         finally:
@@ -368,6 +402,41 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self.retention is not None and new_step % self.retention_interval == 0:
             await self._retain_checkpoints(new_step)
 
+    def kl_reference_step(self, train_step: int) -> int:
+        """The checkpoint the KL penalty compares with when training from `train_step`
+        (ART's rule): `kl_penalty_step_lag` steps back, or 0 (the base model) without one."""
+        lag = self.kl_penalty_step_lag
+        return 0 if lag is None else max(0, train_step - lag)
+
+    def _kl_reference(self, train_step: int) -> dev.TrainConfig:
+        """This step's dev config, naming the KL reference adapter where it is not the base.
+
+        Step 0 is the base model (a fresh LoRA adapter changes nothing), so it needs none.
+        """
+        step = self.kl_reference_step(train_step)
+        if not self.train_config.kl_penalty_coef or step == 0:
+            return self.dev_config
+        directory = self._store_or_refuse("kl_penalty_step_lag").checkpoint_dir(step)
+        if not directory.is_dir():
+            raise ConfigError(
+                "kl_penalty_step_lag",
+                f"needs checkpoint {step} as the KL reference at step {train_step}, but it "
+                "is gone (deleted outside this trainer?)",
+                "Keep the last kl_penalty_step_lag checkpoints, or use a smaller lag",
+            )
+        return self.dev_config.model_copy(update={"kl_ref_adapter_path": str(directory)})
+
+    def _store_or_refuse(self, field: str) -> ModelStore:
+        path = getattr(self.backend, "path", None)  # a backend that stores on this machine
+        if not isinstance(path, str):
+            raise ConfigError(
+                field,
+                f"needs a backend that stores checkpoints on this machine; "
+                f"{type(self.backend).__name__} does not",
+                f"Leave {field} None",
+            )
+        return ModelStore(path, self.model.project, self.model.storage_name)
+
     async def _retain_checkpoints(self, step: int) -> None:
         """Delete the checkpoints the strategy lets go, never one still needed: the newest,
         any rollouts may still sample from (within max_steps_off_policy), any whose
@@ -382,8 +451,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "Leave it None and call model.delete_checkpoints()",
             )
         store = ModelStore(path, self.model.project, self.model.storage_name)
-        lag = self.max_steps_off_policy if self.max_steps_off_policy is not None else step
-        protected = set(range(max(step - lag, 0), step + 1)) | self._pending_eval_steps()
+        lag = _freshness_window(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+        if self.max_steps_off_policy is None and self.limit_mean_steps_off_policy is None:
+            lag = step  # rollouts may sample from any step
+        oldest = max(step - lag, 0)
+        if self.train_config.kl_penalty_coef:  # the KL references still to come
+            oldest = min(oldest, self.kl_reference_step(step))
+        protected = set(range(oldest, step + 1)) | self._pending_eval_steps()
         eligible = await asyncio.to_thread(eligible_checkpoints, store, protected)
         context = CheckpointRetentionContext(current_step=step, checkpoints=eligible)
         keep = {int(s) for s in self.retention(context)} & {c.step for c in eligible}
@@ -425,7 +499,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     f"all {len(group.exceptions)} rollouts of a group failed; the first "
                     f"raised {first.type}: {first.message}"
                 )
-            if is_stale(group, self._policy_step, self.max_steps_off_policy):
+            if is_stale(
+                group,
+                self._policy_step,
+                self.max_steps_off_policy,
+                self.limit_mean_steps_off_policy,
+            ):
                 stale += 1
                 self._state.groups_dropped_stale += 1
                 self._status.note_stale(1)
@@ -472,6 +551,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             raise ConfigError(
                 "queue_maxsize", "cannot change while the pipeline runs", "Keep it fixed"
             )
+        capacity = self.rollout_worker_capacity
+        if capacity is not None and settings.num_rollout_workers > capacity:
+            raise ConfigError(
+                "num_rollout_workers",
+                f"is {settings.num_rollout_workers}, above the rollout executor's capacity "
+                f"{capacity}",
+                "Keep it within rollout_executor.max_workers",
+            )
+        self._rollout_executor.set_target(settings.num_rollout_workers)
         self.num_rollout_workers = settings.num_rollout_workers
         self.min_batch_size = settings.min_batch_size
         self.max_batch_size = settings.max_batch_size
@@ -495,7 +583,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             costs = self.model.activate_metrics_context("train")
             rollout_started = time.monotonic()
             try:
-                group = await self.rollout_fn(self.model, cast(ScenarioT, scenario), self.config)
+                group = await self._rollout_executor.run(
+                    worker_id, self.rollout_fn, self.model, scenario, self.config
+                )
             except Exception as error:  # a bad rollout is data, not the end of the run
                 errored = True
                 logger.warning("rollout failed: %s: %s", type(error).__name__, error)
@@ -508,9 +598,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             if not isinstance(group, TrajectoryGroup):
                 raise ConfigError(
                     "rollout_fn",
-                    f"returned {type(group).__name__}, not an art.TrajectoryGroup",
+                    f"returned {type(group).__name__} (through the rollout executor), not an "
+                    "art.TrajectoryGroup",
                     "Return art.TrajectoryGroup([...]) of finished trajectories, or build "
-                    "rollout_fn with art.pipeline_trainer.make_group_rollout_fn",
+                    "rollout_fn with art.pipeline_trainer.make_group_rollout_fn; a rollout "
+                    "executor returns the group itself (ART's distributed group references "
+                    "are not built here)",
                 )
             group.metadata.update(_scenario_metadata(scenario))
             stamp_versions(group, started_at=started, finished_at=self._policy_step)
@@ -642,6 +735,41 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 continue  # not the main thread, or not a Unix loop
             removers.append(lambda sig=sig: loop.remove_signal_handler(sig))
         return removers
+
+
+def _fit_capacity(
+    runtime: PipelineRuntimeConfig,
+    capacity: int | None,
+    num_rollout_workers: int | None,
+    pipeline: PipelineRuntimeConfig | None,
+) -> PipelineRuntimeConfig:
+    """ART's rule for an executor's capacity: more workers than it holds is refused where
+    the count was asked for (by hand), else the count is lowered to the capacity."""
+    if capacity is None or runtime.num_rollout_workers <= capacity:
+        return runtime
+    asked = num_rollout_workers is not None or (
+        pipeline is not None and "num_rollout_workers" in pipeline.model_fields_set
+    )
+    if asked:
+        raise ConfigError(
+            "num_rollout_workers",
+            f"is {runtime.num_rollout_workers}, above the rollout executor's capacity {capacity}",
+            f"Use at most {capacity}, or leave it unset to run {capacity}",
+        )
+    return runtime.model_copy(update={"num_rollout_workers": capacity})
+
+
+def _freshness_window(max_steps_off_policy: int | None, limit_mean: float | None) -> int:
+    """Steps of groups worth queueing (and of checkpoints rollouts may still use): ART's."""
+    if max_steps_off_policy is not None:
+        return max_steps_off_policy
+    if limit_mean is not None:
+        return math.ceil(limit_mean)
+    return 1
+
+
+def _given_or(value: float | None, default: float | None) -> float | None:
+    return value if value is not None else default
 
 
 def make_group_rollout_fn(

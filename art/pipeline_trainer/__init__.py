@@ -22,7 +22,7 @@ from ..pipeline.retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
-from ..pipeline_tuner.config import PipelineAutotuneConfig
+from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +39,7 @@ __all__ = [
     "ConfigT",
     "EvalFn",
     "PipelineAutotuneConfig",
+    "PipelineRuntimeConfig",
     "PipelineTrainer",
     "RolloutFn",
     "ScenarioT",

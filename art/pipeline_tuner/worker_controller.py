@@ -15,7 +15,8 @@ class RolloutWorkerController:
 
     `trainer` provides `_rollout_worker(worker_id)` (a coroutine that returns when the
     scenarios run out, the run stops, or `worker_allowed(worker_id)` turns False),
-    `_stop` (an `asyncio.Event`) and `_worker_done(task)` (told of every finished worker).
+    `_stop` (an `asyncio.Event`) and `_worker_done(task)` (told of every finished worker),
+    and may provide `_rollout_executor` (told the live worker ids after every change).
     """
 
     def __init__(self, trainer: Any, target_workers: int) -> None:
@@ -90,6 +91,9 @@ class RolloutWorkerController:
             self._tasks[worker_id] = task
             active.append(worker_id)
         self.peak_workers = max(self.peak_workers, len(active))
+        executor = getattr(self.trainer, "_rollout_executor", None)  # PipelineTrainer's
+        if executor is not None:  # retiring workers stay listed until their rollout ends
+            executor.set_workers(tuple(self._tasks))
 
 
 __all__ = ["RolloutWorkerController"]

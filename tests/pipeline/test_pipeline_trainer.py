@@ -137,7 +137,7 @@ async def test_arguments_this_version_cannot_honour_are_refused_by_name(tmp_path
     for kwargs, field in [
         ({"loss_fn": "dro"}, "loss_fn"),
         ({"adam_params": {"lr": 1}}, "adam_params"),
-        ({"kl_penalty_step_lag": 2}, "kl_penalty_step_lag"),
+        ({"kl_penalty_step_lag": 0}, "kl_penalty_step_lag"),  # ART's: at least 1
         ({"save_checkpoint": False}, "save_checkpoint"),
         ({"max_batch_size": 1, "min_batch_size": 2}, "max_batch_size"),
         ({"max_steps_off_policy": -1}, "max_steps_off_policy"),
