@@ -18,7 +18,7 @@ ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2 and FBGEMM_ENABLE_INSTRUCT
 The sides take turns in `--rounds` rounds, as in `local_backend.py`.
 
     make venv-llama                                # once: builds .venv-llama (10-20 minutes)
-    python benchmarks/llama_cpp.py                 # the full run (~5 minutes on 2 cores)
+    python benchmarks/llama_cpp.py                 # the full run (~6 minutes on 2 idle cores)
     python benchmarks/llama_cpp.py --quick         # a smoke setting
 """
 
