@@ -13,6 +13,11 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # $ART_UNSLOTH_PYTHON). See scripts/unsloth_requirements.py for why --no-deps.
 UNSLOTH_VENV := .venv-unsloth
 UNSLOTH_STAMP := $(UNSLOTH_VENV)/.installed
+# llama.cpp, the CPU sampling peer of benchmarks/llama_cpp.py, compiled from
+# llama-cpp-python's sdist for AVX2 (PyPI has no prebuilt CPU wheel): 10-20 minutes on two
+# cores. Never part of `make venv` or `make test`.
+LLAMA_VENV := .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.installed
 # scripts/venv.sh holds the three recipes. It builds each environment once per content key
 # in ~/.cache/art/venvs (ART_VENV_CACHE; `off` builds in place) and brings it in from there.
 VENV_SCRIPT := scripts/venv.sh
@@ -24,7 +29,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm venv-unsloth browser demo test check test-seeds gpu-check gpu-wheels lint typecheck docs docs-serve pytest clean
+.PHONY: venv venv-vllm venv-unsloth venv-llama browser demo test check test-seeds gpu-check gpu-wheels lint typecheck docs docs-serve pytest clean
 
 venv: $(STAMP)
 
@@ -44,6 +49,12 @@ venv-unsloth: $(UNSLOTH_STAMP)
 $(UNSLOTH_STAMP): constraints-unsloth.txt scripts/unsloth_requirements.py $(VENV_SCRIPT)
 	$(VENV_SCRIPT) unsloth $(UNSLOTH_VENV) $(PYTHON)
 	touch $(UNSLOTH_STAMP)
+
+venv-llama: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): scripts/venv_llama.sh
+	nice -n 19 scripts/venv_llama.sh $(LLAMA_VENV) $(PYTHON)
+	touch $(LLAMA_STAMP)
 
 # ART_ENGINE=vllm make demo: the same demo served by vLLM.
 demo: venv $(if $(filter vllm,$(ART_ENGINE)),venv-vllm)
@@ -121,4 +132,4 @@ gpu-wheels: venv
 	$(BIN)/python scripts/gpu_check.py --prepare .gpu --python-version $(GPU_PYTHON_VERSION)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(UNSLOTH_VENV) .mypy_cache .ruff_cache .pytest_cache site .gpu
+	rm -rf $(VENV) $(VLLM_VENV) $(UNSLOTH_VENV) $(LLAMA_VENV) .mypy_cache .ruff_cache .pytest_cache site .gpu

@@ -35,6 +35,12 @@ needs_trl = pytest.mark.skipif(
 needs_unsloth = pytest.mark.skipif(
     find_unsloth_python() is None, reason=f"no Unsloth environment: {UNSLOTH_HINT}"
 )
+# benchmarks/llama_cpp.py without `make venv-llama` says how to build it and measures
+# nothing; with it, the whole report.
+LLAMA_VENV = ROOT / ".venv-llama"
+llama_ready = (LLAMA_VENV / "bin" / "python").is_file() and (
+    LLAMA_VENV / "llama.cpp" / "llama-server"
+).is_file()
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="train_memory_cuda.py measures GPU memory: no CUDA here"
 )
@@ -71,6 +77,16 @@ RUNS = [
         ["machine: ", "GRPO step: ", "ours / TRL seconds per step"],
         marks=needs_trl,
         id="local_backend-grpo",
+    ),
+    pytest.param(
+        "llama_cpp",
+        [],
+        (
+            ["machine: ", "4-bit weights", "llama-server @4", "ours@4 / llama-server@4"]
+            if llama_ready
+            else ["`make venv-llama` builds them", "Nothing measured."]
+        ),
+        id="llama_cpp",
     ),
     pytest.param(
         "load",
