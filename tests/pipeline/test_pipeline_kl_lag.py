@@ -74,17 +74,17 @@ def test_the_reference_step_lags_the_step_trained_from(tmp_path: Path) -> None:
 
 @pytest.mark.model
 async def test_the_penalty_is_taken_against_the_lagged_checkpoint(
-    shared_backend: LocalBackend, unique_project: str
+    dedicated_backend: LocalBackend, unique_project: str
 ) -> None:
     """Every rollout is sampled by the base model. With lag 1, steps 0 and 1 take their
     reference from the base (step 0) too, so the sampler and the reference agree and the
     mean log-ratio is ~0; step 2's reference is checkpoint 1, which a large step moved
     away from the base, so there it is not."""
     trained = model("kl", unique_project)
-    await trained.register(shared_backend)
+    await trained.register(dedicated_backend)
     trainer = PipelineTrainer(
         trained,
-        shared_backend,
+        dedicated_backend,
         base_rollout,
         [{"q": f"Name a colour, {i}."} for i in range(3)],
         None,
@@ -99,7 +99,7 @@ async def test_the_penalty_is_taken_against_the_lagged_checkpoint(
     )
     await trainer.train()
 
-    directory = Path(shared_backend.path) / trained.project / "models" / trained.name
+    directory = Path(dedicated_backend.path) / trained.project / "models" / trained.name
     rows = [json.loads(line) for line in (directory / "history.jsonl").read_text().splitlines()]
     kl = {row["step"]: row["loss/kl_policy_ref"] for row in rows if "loss/kl_policy_ref" in row}
     assert sorted(kl) == [0, 1, 2]

@@ -93,17 +93,17 @@ async def rollout(model: art.TrainableModel, scenario: dict[str, Any], config: N
 
 @pytest.mark.model
 async def test_a_run_drops_groups_older_on_average_than_the_limit(
-    shared_backend: LocalBackend, unique_project: str
+    dedicated_backend: LocalBackend, unique_project: str
 ) -> None:
     """No max_steps_off_policy: only the mean bound can drop the slow group."""
     model = art.TrainableModel(
         name="mean", project=unique_project, base_model=BASE, _internal_config=DEDICATED
     )
-    await model.register(shared_backend)
+    await model.register(dedicated_backend)
     scenarios = [{"q": "What is 0 + 0?", "slow": True}, *({"q": f"{i} + 1?"} for i in range(3))]
     trainer = PipelineTrainer(
         model,
-        shared_backend,
+        dedicated_backend,
         rollout,
         scenarios,
         None,
@@ -118,7 +118,7 @@ async def test_a_run_drops_groups_older_on_average_than_the_limit(
     await trainer.train()
 
     assert trainer.groups_dropped_stale >= 1  # the slow group, at least
-    rows = [r for r in history(shared_backend, model) if "train/staleness_max" in r]
+    rows = [r for r in history(dedicated_backend, model) if "train/staleness_max" in r]
     assert rows  # the first group trained at once, at age 0
     for row in rows:
         assert row["offpolicy/token_weighted_policy_age_steps"] <= 0.5

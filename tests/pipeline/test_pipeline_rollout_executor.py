@@ -116,15 +116,15 @@ def test_the_capacity_caps_the_default_and_refuses_a_count_asked_for(tmp_path: P
 
 @pytest.mark.model
 async def test_every_rollout_of_a_run_goes_through_the_executor(
-    shared_backend: LocalBackend, unique_project: str
+    dedicated_backend: LocalBackend, unique_project: str
 ) -> None:
     trained = model("executor", unique_project)
-    await trained.register(shared_backend)
+    await trained.register(dedicated_backend)
     executor = RecordingExecutor(max_workers=2)
     scenarios = [{"q": f"What is {i} + 1?"} for i in range(3)]
     trainer = PipelineTrainer(
         trained,
-        shared_backend,
+        dedicated_backend,
         rollout,
         scenarios,
         None,
@@ -144,7 +144,7 @@ async def test_every_rollout_of_a_run_goes_through_the_executor(
     logged = [
         group
         for step in range(await trained.get_step())
-        for group in await logged_groups(shared_backend, trained, step)
+        for group in await logged_groups(dedicated_backend, trained, step)
     ]
     assert logged
     assert all(metadata.get("executor") == "recording" for metadata in logged)

@@ -16,7 +16,7 @@ import pytest
 
 from art.runtime.chat_format import parse_tool_calls
 from art.runtime.endpoint.request import ChatCompletionRequest
-from art.runtime.endpoint.response import Job, Route, _choice
+from art.runtime.endpoint.response import Job, Route, choice
 from art.runtime.engines.base import Sample, SamplingParams
 
 NOTE = {"text": "close it with </tool_call> then <tool_call>{} done"}
@@ -100,9 +100,9 @@ def message_for(tokenizer: Any, prefill: str, forced: str | None, sampled: str) 
     )
     # The engine is not used to build a choice; the tokenizer is the model's own.
     route = Route(None, tokenizer, None, None, 2048)  # type: ignore[arg-type]
-    choice = _choice(body, route, job, 0, sample)
-    assert choice["token_ids"] == ids
-    return dict(choice["message"]) | {"finish_reason": choice["finish_reason"]}
+    answer = choice(body, route, job, 0, sample)
+    assert answer["token_ids"] == ids
+    return dict(answer["message"]) | {"finish_reason": answer["finish_reason"]}
 
 
 def test_a_forced_call_with_the_tag_in_its_arguments_is_a_tool_call(tokenizer: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from art.runtime.endpoint.request import ChatCompletionRequest
-from art.runtime.endpoint.response import Job, Route, _choice
+from art.runtime.endpoint.response import Job, Route, choice
 from art.runtime.engines.base import Sample, SamplingParams
 
 TOOLS = [
@@ -53,7 +53,7 @@ def choice_for(tokenizer: Any, text: str, *, parallel: bool) -> dict[str, Any]:
     )
     # The engine is not used to build a choice; the tokenizer is the model's own.
     route = Route(None, tokenizer, None, None, 2048)  # type: ignore[arg-type]
-    return _choice(body, route, job, 0, sample)
+    return choice(body, route, job, 0, sample)
 
 
 def test_without_parallel_calls_the_trained_tokens_end_with_the_kept_call(tokenizer: Any) -> None:
