@@ -13,6 +13,8 @@ Names are loaded on first use, so `import art` is instant and pulls in no heavy 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ._refusals import install as _install_refusals
@@ -127,6 +129,28 @@ def __getattr__(name: str) -> Any:
         return refused_name(__name__, name)  # ART's names not built here, or AttributeError
     globals()[name] = value
     return value
+
+
+def _register_lazily(name: str) -> None:
+    """`art.<name>` in `sys.modules` now, run on first use, and not bound on `art`.
+
+    `auto_trajectory` and `yield_trajectory` are ART's names of both a module and a
+    function. A submodule's first import sets its package's attribute to the module, so an
+    `import art.auto_trajectory` after `art.auto_trajectory()` was called would replace the
+    function with the module; a module already in `sys.modules` is not bound again.
+    """
+    spec = importlib.util.find_spec(f"art.{name}")
+    assert spec is not None
+    assert spec.loader is not None
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    loader.exec_module(module)
+
+
+_register_lazily("auto_trajectory")
+_register_lazily("yield_trajectory")
 
 
 def __dir__() -> list[str]:

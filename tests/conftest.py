@@ -267,6 +267,19 @@ def ray_cluster() -> Iterator[None]:
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def dedicated_backend(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[LocalBackend]:
+    """One in-process LocalBackend for PipelineTrainer's dedicated-mode models: they cannot
+    share a base model with `shared_backend`'s models, which run in shared mode."""
+    from art.local import LocalBackend
+
+    backend = LocalBackend(path=tmp_path_factory.mktemp("dedicated") / ".art", in_process=True)
+    yield backend
+    await backend.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def shared_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
     """One in-process LocalBackend for the whole session, on the default model.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -325,12 +326,20 @@ def test_arts_module_paths_hold_the_same_objects_or_refuse_by_name() -> None:
     assert format_message is art.utils.format_message
     assert log_http_errors is art.utils.log_http_errors
     assert art.langgraph.llm_wrapper.wrap_rollout is langgraph.wrap_rollout
-    assert art.auto_trajectory.capture_auto_trajectory is capture.capture_auto_trajectory
-    assert art.yield_trajectory.yield_trajectory is capture.yield_trajectory
+    # As in ART, `art.auto_trajectory` and `art.yield_trajectory` are the functions; the
+    # modules of those names are reached by their import path.
+    auto_module, yield_module = (
+        sys.modules["art.auto_trajectory"],
+        sys.modules["art.yield_trajectory"],
+    )
+    assert art.auto_trajectory is capture.auto_trajectory
+    assert art.yield_trajectory is capture.yield_trajectory
+    assert auto_module.capture_auto_trajectory is capture.capture_auto_trajectory
+    assert yield_module.yield_trajectory is capture.yield_trajectory
     # ART's internals behind those paths are refused by name, with what to use instead.
     for refused, says in [
         (art.batches.trajectory_group_batches, "gather_trajectory_groups"),
-        (art.auto_trajectory.patch_httpx, "patches no third-party code"),
+        (auto_module.patch_httpx, "patches no third-party code"),
         (art.langgraph.llm_wrapper.LoggingLLM, "wrap_rollout records each call"),
         (art.pipeline_trainer.trainer.PIPELINE_STATE_KEY, "pipeline_state.json"),
     ]:

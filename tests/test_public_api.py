@@ -20,8 +20,9 @@ def test_import_art_defines_lazy_names_and_imports_no_heavy_library() -> None:
     heavy += ("wandb", "weave", "langfuse", "opentelemetry")
     assert not [m for m in eval(foreign) if m.split(".")[0] in heavy]
     # Every public name is loaded on first use; only the import hook that refuses ART's
-    # unbuilt modules by name is there from the start (it imports nothing of its own).
-    assert eval(submodules) == ["art._refusals"]
+    # unbuilt modules by name is there from the start (it imports nothing of its own), and
+    # the two modules named as functions are, lazily (see art/__init__.py).
+    assert eval(submodules) == ["art._refusals", "art.auto_trajectory", "art.yield_trajectory"]
 
 
 def test_every_documented_import_line_works() -> None:
@@ -87,3 +88,16 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'Trajectroy'"):
         _ = art.Trajectroy  # type: ignore[attr-defined]
+
+
+def test_names_that_are_both_a_module_and_a_function_stay_the_function() -> None:
+    # A submodule's first import sets its package's attribute to the module; in a fresh
+    # process, the function fetched first and the module imported after must not replace it.
+    code = (
+        "import art\n"
+        "before = (art.auto_trajectory, art.yield_trajectory)\n"
+        "import art.auto_trajectory, art.yield_trajectory\n"
+        "assert (art.auto_trajectory, art.yield_trajectory) == before\n"
+        "assert callable(art.auto_trajectory) and callable(art.yield_trajectory)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
