@@ -922,6 +922,38 @@ async def get_checkpoint_step_not_after_from_s3(
     return eligible[-1] if eligible else None
 
 
+async def fork_step_from_s3(
+    model_name: str,
+    project: str,
+    s3_bucket: str,
+    prefix: str | None,
+    not_after_step: int | None,
+    verbose: bool,
+) -> int:
+    """The published step a fork from S3 starts from: the latest, or the highest at or
+    before `not_after_step`; an error naming what is missing when there is none."""
+    where = build_s3_path(
+        model_name=model_name, project=project, s3_bucket=s3_bucket, prefix=prefix
+    )
+    if not_after_step is None:
+        step = await get_latest_checkpoint_step_from_s3(model_name, project, s3_bucket, prefix)
+        if step is None:
+            raise FileNotFoundError(f"{where}/checkpoints/ holds no checkpoints to fork from")
+    else:
+        step = await get_checkpoint_step_not_after_from_s3(
+            model_name, project, not_after_step, s3_bucket, prefix
+        )
+        if step is None:
+            raise ConfigError(
+                "not_after_step",
+                f"{where} has no checkpoint at or before step {not_after_step}",
+                "Pick a later step, or check from_model, from_project and prefix",
+            )
+    if verbose:
+        print(f"pulling checkpoint {step} of {project}/{model_name} from {where}")
+    return step
+
+
 async def _stored_steps(
     model_name: str, project: str, s3_bucket: str | None, prefix: str | None
 ) -> list[int]:
@@ -1011,6 +1043,7 @@ __all__ = [
     "build_s3_zipped_step_path",
     "client",
     "ensure_bucket_exists",
+    "fork_step_from_s3",
     "get_checkpoint_step_not_after_from_s3",
     "get_latest_checkpoint_step_from_s3",
     "list_step_prefixes",

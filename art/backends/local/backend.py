@@ -342,23 +342,7 @@ class LocalBackend:
         """Pull the checkpoint a fork from S3 starts from, with the source's model.json."""
         from ...core import s3
 
-        where = s3.build_s3_path(model_name=name, project=project, s3_bucket=bucket, prefix=prefix)
-        if not_after_step is None:
-            step = await s3.get_latest_checkpoint_step_from_s3(name, project, bucket, prefix)
-            if step is None:
-                raise FileNotFoundError(f"{where}/checkpoints/ holds no checkpoints to fork from")
-        else:
-            step = await s3.get_checkpoint_step_not_after_from_s3(
-                name, project, not_after_step, bucket, prefix
-            )
-            if step is None:
-                raise ConfigError(
-                    "not_after_step",
-                    f"{where} has no checkpoint at or before step {not_after_step}",
-                    "Pick a later step, or check from_model, from_project and prefix",
-                )
-        if verbose:
-            print(f"pulling checkpoint {step} of {project}/{name} from {where}")
+        step = await s3.fork_step_from_s3(name, project, bucket, prefix, not_after_step, verbose)
         async with self._lock(Model(name=name, project=project)):
             await s3.pull_model_from_s3(
                 name, project, step, bucket, prefix, verbose, art_path=self.path
