@@ -20,6 +20,7 @@ import pytest
 import art
 from art.core.errors import ModelInUseError
 from art.core.model_store import ModelStore
+from art.local import LocalBackend
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the writer lock is POSIX")
 
@@ -29,7 +30,7 @@ import sys
 from art.core.errors import ModelInUseError
 from art.core.model_store import ModelStore
 try:
-    lock = ModelStore(sys.argv[1], "project", "agent").hold_writer_lock()
+    lock = ModelStore(sys.argv[1], sys.argv[2], "agent").hold_writer_lock()
 except ModelInUseError as error:
     print("refused", error.pid, flush=True)
 else:
@@ -39,15 +40,18 @@ sys.stdin.read()
 
 
 @contextmanager
-def child_asking(base: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A child process that asks for the lock of `base`'s model; yields it and its answer."""
+def child_asking(
+    base: Path, project: str = "project"
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A child process that asks for the lock of `base`'s model "agent" of `project`;
+    yields it and its answer."""
     root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(base)],
+        [sys.executable, "-c", _CHILD, str(base), project],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -123,4 +127,37 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path: Path) -> None:
 def test_models_apart_lock_apart(tmp_path: Path) -> None:
     other = ModelStore(tmp_path, "project", "other")
     with other.hold_writer_lock(), child_asking(tmp_path) as (_, answer):
+        assert answer == "locked"
+
+
+async def test_a_model_unloaded_by_its_service_can_be_trained_by_another_process(
+    shared_backend: LocalBackend, unique_project: str
+) -> None:
+    """The service holds a model's lock from its first step until it unloads the model
+    (`art serve` does when a model is deleted): then another process may take it."""
+    from art.runtime.service.model_service import ModelService
+
+    model = art.TrainableModel(
+        name="agent", project=unique_project, base_model="HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    await model.register(shared_backend)
+    client = model.openai_client()
+    trajectories = []
+    for reward in (0.0, 1.0):
+        trajectory = art.Trajectory(
+            messages_and_choices=[{"role": "user", "content": "Say hi."}], reward=reward
+        )
+        completion = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=trajectory.messages(), max_tokens=3
+        )
+        trajectory.messages_and_choices.append(completion.choices[0])
+        trajectories.append(trajectory)
+    await model.train([art.TrajectoryGroup(trajectories)])
+    path = Path(shared_backend.path)
+    with child_asking(path, unique_project) as (_, answer):
+        assert answer == f"refused {os.getpid()}"  # trained here: held
+    service = shared_backend._service
+    assert isinstance(service, ModelService)
+    service.unload(unique_project, "agent")
+    with child_asking(path, unique_project) as (_, answer):
         assert answer == "locked"

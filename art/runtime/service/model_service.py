@@ -174,6 +174,11 @@ class ModelService:
     def is_loaded(self, project: str, name: str) -> bool:
         return f"{project}/{name}" in self._models
 
+    def loaded(self) -> list[tuple[str, str]]:
+        """The (project, run name) of every model this service has loaded."""
+        with self._registry_lock:
+            return [(trained.project, trained.run_name) for trained in self._models.values()]
+
     def unload(self, project: str, name: str) -> None:
         """Stop serving and training a model: its checkpoints and adapter are unloaded.
 
@@ -191,6 +196,12 @@ class ModelService:
             # for this adapter once it is gone (`AdapterGone`).
             on_training_model(base, lambda: base.model.delete_adapter(trained.adapter), self._torch)
             trained.trainer.close()
+            # Held since its first step here: another process may train it now. Kept, the
+            # hold would also make this process's next claim on a model recreated at the
+            # same path succeed without locking the new lock file.
+            if trained.writer_lock is not None:
+                trained.writer_lock.release()
+                trained.writer_lock = None
 
     def forget_deleted_checkpoints(self, project: str, name: str) -> None:
         """Stop serving checkpoints of a model whose directories were deleted."""
