@@ -47,7 +47,7 @@ from ..base import AdapterGone, EngineSpec, OnToken, Sample, SamplingParams
 from ..structured import Grammars
 from .batch import Batch, BatchDecoder, join
 from .lean_decode import LeanDecoder
-from .merged import MergedCopy, mergeable
+from .merged import MergedCopy, mergeable, plain_model
 from .prefix_cache import PrefixCache
 from .rows import Request, RowStepper
 
@@ -186,11 +186,12 @@ class TransformersEngine:
         self.exclusive(lambda: self._load_adapter(name, directory))
 
     def _load_adapter(self, name: str, directory: Path) -> None:
-        if _adapters(self.model):
-            self.model.load_adapter(str(directory), adapter_name=name)
-            return
         from peft import PeftModel
 
+        # A PEFT model whose adapters were all unloaded stays one: it takes the next.
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(str(directory), adapter_name=name)
+            return
         self.model = PeftModel.from_pretrained(self.model, str(directory), adapter_name=name)
         self.model.eval()
         if self.merged is not None:
@@ -217,6 +218,11 @@ class TransformersEngine:
         for request in self._held:
             request.fail(RuntimeError("the inference engine was closed"))
         self._held.clear()
+
+    def _runs(self) -> Any:
+        """The module a batch calls: the PEFT model, or the plain model beneath it where
+        no adapter is loaded (a PEFT model without adapters cannot run a forward pass)."""
+        return self.model if _adapters(self.model) else plain_model(self.model)
 
     def _select(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """Make `adapter` (None: the base model) the active weights for a batch."""
@@ -281,7 +287,7 @@ class TransformersEngine:
         try:
             with self._select(adapter), torch.inference_mode():
                 self._decoder.model = (
-                    self.merged.model_for(adapter) if self.merged is not None else self.model
+                    self.merged.model_for(adapter) if self.merged is not None else self._runs()
                 )
                 device = next(self.model.parameters()).device
                 batch: Batch | None = None

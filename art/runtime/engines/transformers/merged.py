@@ -61,7 +61,7 @@ class MergedCopy:
         # Found again each time: a model registered later may have adapted other modules.
         pairs: list[tuple[Any, Any]] = [
             (module, self._targets[name])
-            for name, module in self.peft_model.get_base_model().named_modules()
+            for name, module in plain_model(self.peft_model).named_modules()
             if isinstance(module, LoraLayer)
         ]
         for lora, target in pairs:
@@ -74,10 +74,18 @@ class MergedCopy:
         self._merged = adapter
 
 
+def plain_model(model: Any) -> Any:
+    """The transformers model beneath a PEFT model (`model` itself if plain). Not PEFT's
+    `get_base_model()`: that reads the active adapter's config, and a PEFT model whose
+    adapters were all unloaded has none."""
+    base = getattr(model, "base_model", None)
+    return base.model if hasattr(model, "peft_config") and base is not None else model
+
+
 def mergeable(target_modules: tuple[str, ...]) -> bool:
     """Whether adapters on these modules can be merged into the engine's sampling copy (not
     the embeddings or LM head: in the copy they may be one tied tensor)."""
     return not {"embed_tokens", "lm_head", "wte", "embed_in"} & set(target_modules)
 
 
-__all__ = ["MergedCopy", "mergeable"]
+__all__ = ["MergedCopy", "mergeable", "plain_model"]
