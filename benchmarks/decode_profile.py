@@ -11,7 +11,8 @@ OpenAI endpoint. Measured in one run:
    the scheduler; and its waits for requests, which the HTTP side renders and parses);
 3. the floor: the matmuls of one decode step alone (every layer's fused q/k/v, o,
    gate/up and down projections at `--concurrency` rows, and the LM head), timed in a
-   loop on the same weights, as tokens/s. The ratio of (1) to it is how much of what this
+   loop on the same weights through the library the engine multiplies with (in float32,
+   oneDNN where torch has it; torch's BLAS is timed beside it), as tokens/s. The ratio of (1) to it is how much of what this
    CPU's GEMM allows the engine reaches.
 
     python benchmarks/decode_profile.py            # ~2 minutes on 2 cores
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 import art
 from art.local import LocalBackend
 from art.runtime import models
+from art.runtime.engines.transformers import lean_decode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +61,17 @@ bench = _module(ROOT / "benchmarks" / "local_backend.py", "art_bench_local_backe
 
 # Op name -> group, by the first pattern it contains.
 GROUPS = (
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
+    (
+        "matmul",
+        (
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::matmul",
+            "aten::linear",
+            "mkldnn::_linear_pointwise",
+        ),
+    ),
     ("attention softmax", ("aten::_softmax", "aten::softmax")),
     ("sampling", ("multinomial", "aten::exponential", "aten::topk", "aten::sort", "argmax")),
     (
@@ -85,9 +97,12 @@ def group_of(name: str) -> str:
     return "elementwise and other ops"
 
 
-def step_matmul_floor(base_model: str, dtype: str, rows: int, repeats: int) -> float:
+def step_matmul_floor(
+    base_model: str, dtype: str, rows: int, repeats: int, linear: Any = F.linear
+) -> float:
     """Tokens/s if a decode step were only its matmuls: `rows` rows through every weight
-    of the model once (fused as the engine fuses them) and the LM head."""
+    of the model once (fused as the engine fuses them) and the LM head, multiplied by
+    `linear` (F.linear: torch's BLAS)."""
     model, _ = models.load(models.resolve(base_model), dtype)
     weights: list[torch.Tensor] = []
     for layer in model.get_decoder().layers:
@@ -102,11 +117,11 @@ def step_matmul_floor(base_model: str, dtype: str, rows: int, repeats: int) -> f
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
     with torch.no_grad():
         for weight in weights:  # warm the kernels and caches
-            F.linear(inputs[weight.shape[1]], weight)
+            linear(inputs[weight.shape[1]], weight)
         started = time.perf_counter()
         for _ in range(repeats):
             for weight in weights:
-                F.linear(inputs[weight.shape[1]], weight)
+                linear(inputs[weight.shape[1]], weight)
         elapsed = time.perf_counter() - started
     return rows * repeats / elapsed
 
@@ -177,12 +192,22 @@ def main() -> None:
     dtype = models.torch_dtype("auto")  # what LocalBackend picks on this CPU
     plain, _ = asyncio.run(measure(args, args.seconds, profile=False))
     profiled, (prof, wall) = asyncio.run(measure(args, args.seconds, profile=True))
-    floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats)
-    print(f"machine: {bench.machine()}; dtype {dtype}")
+    # The floor multiplies as the engine's decode steps do: in float32 through oneDNN
+    # where `cpu_kernels()` picks it (lean_decode.py); torch's BLAS is shown beside it.
+    gemm = models.cpu_kernels().decode_gemm if dtype == torch.float32 else "blas"
+    blas_floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats)
+    floor = blas_floor
+    if gemm == "onednn":
+        floor = step_matmul_floor(
+            args.base_model, "auto", args.concurrency, repeats, lean_decode._onednn_linear
+        )
+    print(f"machine: {bench.machine()}; dtype {dtype}; decode GEMMs: {gemm}")
     print(f"decode at {args.concurrency} concurrent requests, {args.max_tokens} tokens each:")
     print(f"  ours (LocalBackend, endpoint)       {plain:8.1f} tokens/s")
     print(f"  ours under the profiler             {profiled:8.1f} tokens/s")
-    print(f"  matmul floor (the step's GEMMs)     {floor:8.1f} tokens/s")
+    print(f"  matmul floor (the step's GEMMs)     {floor:8.1f} tokens/s  ({gemm})")
+    if gemm != "blas":
+        print(f"  the same GEMMs through torch's BLAS {blas_floor:8.1f} tokens/s")
     print(bench._ratio_line("ours / matmul floor", plain / floor))
     for line in report_profile(prof, wall):
         print(line)

@@ -145,29 +145,65 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+DECODE_GEMMS = ("onednn", "blas")
+
+
 @dataclass(frozen=True)
 class CpuKernels:
-    """What this CPU's torch kernels use: ATen's vector ISA and whether bf16 is native."""
+    """What this CPU's torch kernels use: ATen's vector ISA, whether bf16 is native, and
+    the library a float32 decode step multiplies with."""
 
     capability: str  # torch.backends.cpu.get_cpu_capability(): AVX2, AVX512, SVE256, DEFAULT...
     native_bf16: bool  # AVX512-BF16 or AMX under AVX512 kernels
+    decode_gemm: str = "blas"  # one of DECODE_GEMMS
 
     def describe(self) -> str:
         dtype = "bfloat16" if self.native_bf16 else "float32"
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+        gemm = {"onednn": "oneDNN", "blas": "torch's BLAS"}[self.decode_gemm]
         return (
             f"art: CPU kernels {self.capability}, {bf16}: dtype 'auto' is {dtype} "
-            "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels)"
+            "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels); "
+            f"float32 decode steps multiply with {gemm} (ART_DECODE_GEMM=onednn|blas)"
         )
 
 
 def cpu_kernels() -> CpuKernels:
     """This process's CPU kernel choice. ATen's capability follows ATEN_CPU_CAPABILITY, so
-    forcing a lower one (avx2) takes the dtype choice with it, as on a CPU that has no more."""
+    forcing a lower one (avx2) takes the dtype choice with it, as on a CPU that has no more.
+
+    A float32 decode step's matmuls go to oneDNN where torch has it: at the few rows a
+    decode step has, torch's BLAS (MKL) streams a weight at about half the rate oneDNN does
+    (the LM head at 1 row: 10.4 ms against 5.8 with AVX2 kernels, 10.4 against 5.7 with
+    AVX512; `benchmarks/decode_profile.py` measures both). `ART_DECODE_GEMM` picks one by
+    name."""
     import torch
 
     capability = torch.backends.cpu.get_cpu_capability()
-    return CpuKernels(capability, capability.startswith("AVX512") and _native_cpu_bf16())
+    native = capability.startswith("AVX512") and _native_cpu_bf16()
+    wanted = os.environ.get("ART_DECODE_GEMM", "").strip().lower()
+    if wanted and wanted not in DECODE_GEMMS:
+        raise ConfigError(
+            "ART_DECODE_GEMM",
+            f"is {wanted!r}, not one of {', '.join(DECODE_GEMMS)}",
+            "Set it to onednn or blas, or unset it to let art pick",
+        )
+    if wanted == "onednn" and not onednn_linear_available():
+        raise ConfigError(
+            "ART_DECODE_GEMM",
+            "is 'onednn', and this torch has no oneDNN linear (torch.backends.mkldnn)",
+            "Unset it, or set it to blas",
+        )
+    gemm = wanted or ("onednn" if onednn_linear_available() else "blas")
+    return CpuKernels(capability, native, gemm)
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch can run a dense float32 linear through oneDNN."""
+    import torch
+
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    return bool(available) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 _said: set[str] = set()

@@ -53,3 +53,14 @@ def test_forcing_avx2_kernels_picks_fp32_as_an_avx2_cpu_would() -> None:
     dtype, _, capability = forced.stdout.split()
     assert (dtype, capability) == ("torch.float32", "AVX2")
     assert "CPU kernels AVX2, no native bf16: dtype 'auto' is float32" in forced.stderr
+
+
+def test_float32_decode_steps_multiply_with_onednn_said_and_overridable_by_name() -> None:
+    said = run(ATEN_CPU_CAPABILITY="avx2").stderr
+    assert "float32 decode steps multiply with oneDNN (ART_DECODE_GEMM=onednn|blas)" in said
+    blas = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="blas").stderr
+    assert "float32 decode steps multiply with torch's BLAS" in blas
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        run(ART_DECODE_GEMM="mkl")
+    assert "ART_DECODE_GEMM" in refused.value.stderr
+    assert "not one of onednn, blas" in refused.value.stderr

@@ -275,11 +275,18 @@ def _tiny(model_type: str) -> Any:
     return model.eval().requires_grad_(False)
 
 
+@pytest.mark.parametrize("gemm", ["onednn", "blas"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
-def test_lean_decode_steps_give_transformers_logits(model_type: str) -> None:
+def test_lean_decode_steps_give_transformers_logits(
+    model_type: str, gemm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In float32 (the tiny model's dtype) through either library a decode step's
+    matmuls can go to (`ART_DECODE_GEMM`)."""
+    monkeypatch.setenv("ART_DECODE_GEMM", gemm)
     model = _tiny(model_type)
     lean = LeanDecoder.of(model)
     assert lean is not None
+    assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
     # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
     ids = torch.randint(1, 300, (2, 9), generator=torch.Generator().manual_seed(1))
     attention = torch.ones(2, 9, dtype=torch.long)
