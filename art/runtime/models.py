@@ -174,7 +174,7 @@ def cpu_kernels() -> CpuKernels:
 
     A float32 decode step's matmuls go to oneDNN where torch has it: at the few rows a
     decode step has, torch's BLAS (MKL) streams a weight at about half the rate oneDNN does
-    (the LM head at 1 row: 10.4 ms against 5.8 with AVX2 kernels, 10.4 against 5.7 with
+    (the LM head at 1 row: 11.1 ms against 5.8 with AVX2 kernels, 10.4 against 5.7 with
     AVX512; `benchmarks/decode_profile.py` measures both). `ART_DECODE_GEMM` picks one by
     name."""
     import torch

@@ -312,6 +312,36 @@ def test_lean_decode_steps_give_transformers_logits(
                 )
 
 
+@pytest.mark.parametrize("gemm", ["onednn", "blas"])
+def test_a_lean_step_reads_weights_written_in_place(
+    gemm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge writes the copy's weights in place: the next step multiplies by the new
+    values (no library keeps a converted copy of the old ones)."""
+    monkeypatch.setenv("ART_DECODE_GEMM", gemm)
+    model = _tiny("llama")
+    lean = LeanDecoder.of(model)
+    assert lean is not None
+    ids = torch.tensor([[5, 17, 42, 7, 99]])
+
+    def step_against_the_full_pass() -> float:
+        with torch.inference_mode():
+            cache = kv_cache.new_cache()
+            model(input_ids=ids, past_key_values=cache)
+            tokens = torch.tensor([3])
+            logits = lean.step(
+                tokens, torch.tensor([[5]]), torch.ones(1, 6, dtype=torch.long), cache
+            )
+            full = model(torch.cat([ids, tokens[None]], dim=1)).logits[0, -1].float()
+        return float((logits[0] - full).abs().max())
+
+    assert step_against_the_full_pass() < 1e-4
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.5)
+    assert step_against_the_full_pass() < 1e-4
+
+
 def test_lean_decode_shares_the_models_weights() -> None:
     """The fused projections are the model's own weights: a write to one (as a merge
     makes) changes both the transformers model and the lean step."""
