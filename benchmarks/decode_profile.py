@@ -12,8 +12,8 @@ OpenAI endpoint. Measured in one run:
 3. the floor: the matmuls of one decode step alone (every layer's fused q/k/v, o,
    gate/up and down projections at `--concurrency` rows, and the LM head), timed in a
    loop on the same weights through the library the engine multiplies with (in float32,
-   oneDNN where torch has it; torch's BLAS is timed beside it), as tokens/s. The ratio of (1) to it is how much of what this
-   CPU's GEMM allows the engine reaches.
+   oneDNN where torch has it; torch's BLAS is timed beside it), as tokens/s. The ratio
+   of (1) to it is how much of what this CPU's GEMM allows the engine reaches.
 
     python benchmarks/decode_profile.py            # ~2 minutes on 2 cores
     python benchmarks/decode_profile.py --quick    # a smoke setting
@@ -192,15 +192,13 @@ def main() -> None:
     dtype = models.torch_dtype("auto")  # what LocalBackend picks on this CPU
     plain, _ = asyncio.run(measure(args, args.seconds, profile=False))
     profiled, (prof, wall) = asyncio.run(measure(args, args.seconds, profile=True))
-    # The floor multiplies as the engine's decode steps do: in float32 through oneDNN
-    # where `cpu_kernels()` picks it (lean_decode.py); torch's BLAS is shown beside it.
-    gemm = models.cpu_kernels().decode_gemm if dtype == torch.float32 else "blas"
+    # The floor multiplies as the engine's decode steps do; torch's BLAS is shown beside it.
+    linear = lean_decode.linear_for(dtype)
+    gemm = "blas" if linear is F.linear else "onednn"
     blas_floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats)
     floor = blas_floor
-    if gemm == "onednn":
-        floor = step_matmul_floor(
-            args.base_model, "auto", args.concurrency, repeats, lean_decode._onednn_linear
-        )
+    if gemm != "blas":
+        floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats, linear)
     print(f"machine: {bench.machine()}; dtype {dtype}; decode GEMMs: {gemm}")
     print(f"decode at {args.concurrency} concurrent requests, {args.max_tokens} tokens each:")
     print(f"  ours (LocalBackend, endpoint)       {plain:8.1f} tokens/s")

@@ -44,8 +44,8 @@ async def the_base_serves_and_a_new_model_loads_after_the_last_unload(
     )
     service = backend._service
     assert isinstance(service, ModelService)
-    for project, run in service.loaded():  # this base's last adapter goes with them
-        service.unload(project, run)
+    for loaded_project, run in service.loaded():  # this base's last adapter goes with them
+        service.unload(loaded_project, run)
 
     answer = await client.chat.completions.create(model=BASE, messages=HELLO, max_tokens=2)
     assert answer.usage is not None

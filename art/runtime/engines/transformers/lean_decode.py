@@ -63,8 +63,7 @@ class LeanDecoder:
         self.norm = decoder.norm.weight
         self.head = model.get_output_embeddings()
         self.layers = [self._fuse(layer) for layer in decoder.layers]
-        onednn = self.norm.dtype == torch.float32 and models.cpu_kernels().decode_gemm == "onednn"
-        self.linear: Callable[..., torch.Tensor] = _onednn_linear if onednn else F.linear
+        self.linear = linear_for(self.norm.dtype)
 
     @classmethod
     def of(cls, model: Any) -> LeanDecoder | None:
@@ -143,6 +142,14 @@ class LeanDecoder:
         return self.linear(normed, self.head.weight, self.head.bias).float()
 
 
+def linear_for(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    """The linear a decode step of weights in `dtype` multiplies with: oneDNN's in float32
+    where `models.cpu_kernels()` picks it, else `F.linear`."""
+    if dtype == torch.float32 and models.cpu_kernels().decode_gemm == "onednn":
+        return _onednn_linear
+    return F.linear
+
+
 def _onednn_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -177,4 +184,4 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-__all__ = ["SUPPORTED", "LeanDecoder"]
+__all__ = ["SUPPORTED", "LeanDecoder", "linear_for"]
