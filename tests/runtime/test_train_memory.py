@@ -195,6 +195,46 @@ def test_chunked_head_matches_the_full_logits_and_their_gradient(
     assert not entropy.requires_grad
 
 
+def test_rows_within_one_chunk_run_the_head_once_with_the_same_gradient(
+    default_model: tuple[Any, Any],
+) -> None:
+    """Several chunks are checkpointed (backward runs the head again); rows that fit in one
+    chunk keep their logits instead: one forward of the head, the same logprobs and
+    gradient."""
+    base, _ = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    causal_lm = model.get_base_model()
+    ids = torch.randint(10, 40_000, (1, 50), generator=torch.Generator().manual_seed(2))
+    lora = [p for p in model.parameters() if p.requires_grad]
+    calls: list[int] = []
+    hook = causal_lm.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: calls.append(args[0].shape[0])
+    )
+
+    def logprobs_and_grads(chunk_rows: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        calls.clear()
+        model.zero_grad()
+        hidden = causal_lm.get_decoder()(input_ids=ids).last_hidden_state[0, :-1]
+        logprobs, _ = sampled_logprobs(hidden, ids[0, 1:], output_head(causal_lm), chunk_rows)
+        logprobs.sum().backward()
+        return logprobs.detach(), [p.grad.clone() for p in lora]  # type: ignore[union-attr]
+
+    try:
+        several, several_grads = logprobs_and_grads(chunk_rows=20)
+        assert sorted(calls) == [9, 9, 20, 20, 20, 20]  # in forward, again in backward
+        one, one_grads = logprobs_and_grads(chunk_rows=64)
+        assert calls == [49]
+    finally:
+        hook.remove()
+    torch.testing.assert_close(one, several, rtol=1e-5, atol=1e-5)
+    for grad, want in zip(one_grads, several_grads, strict=True):
+        assert float((grad - want).norm() / want.norm()) < 1e-4
+
+
 def test_packed_sequences_do_not_see_each_other(default_model: tuple[Any, Any]) -> None:
     """Logprobs of sequences packed in one row equal those of each sequence alone."""
     _, tokenizer = default_model

@@ -5,7 +5,10 @@ step would make (8 x 2k tokens x 49k vocabulary x 4 bytes = 3.2 GB, kept for bac
 Here the head runs on `chunk_rows` hidden states at a time, each chunk under
 `torch.utils.checkpoint`: forward keeps only the chunk's hidden states and its
 logprobs, and backward recomputes one chunk's logits at a time. So at most one chunk of
-logits is alive, in forward and in backward.
+logits is alive, in forward and in backward. Rows that fit in one chunk are not
+checkpointed: their logits, kept from forward to backward, take no more memory than
+the recompute would (the head's backward comes first, every activation still alive),
+and the head's forward is not run twice.
 
 Why checkpoint and not a fused kernel: Liger Kernel's and Unsloth's fused linear
 cross-entropy are Triton kernels (CUDA only), and a hand-written autograd Function
@@ -65,10 +68,11 @@ def sampled_logprobs(
     """
     logprobs: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
-    differentiable = torch.is_grad_enabled()
+    # Only several chunks are checkpointed: one is no larger kept than recomputed (above).
+    recompute = torch.is_grad_enabled() and hidden.shape[0] > chunk_rows
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        if differentiable:
+        if recompute:
             result = checkpoint(_chunk, hidden[rows], targets[rows], head, use_reentrant=False)
             logprob, entropy = result
         else:
