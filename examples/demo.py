@@ -3,11 +3,14 @@
 The task: answer small additions with the number alone. SmolLM2-135M-Instruct knows
 many of the sums but buries them in chatter; the reward pays 1.0 for the bare correct
 number and 0.5 for the correct number inside other text, so GRPO has something to
-learn from the first step. Held-out questions are answered greedily before and after
-training, and a plot of reward per step is written beside the run. A second start
-resumes the run from its last checkpoint; `--fresh` deletes it and starts over.
+learn from the first step. A reply ends at its first line break (the answer is one line):
+without it the model learned to repeat "a + b = c" lines up to the token limit, which
+paid no more and cost twice the tokens to sample and train. Held-out questions are
+answered greedily before and after training, and a plot of reward per step is written
+beside the run. A second start resumes the run from its last checkpoint; `--fresh`
+deletes it and starts over.
 
-    python examples/demo.py [--steps 32] [--path .art] [--fresh] [--engine vllm]
+    python examples/demo.py [--steps 24] [--path .art] [--fresh] [--engine vllm]
 
 `--engine` (or `ART_ENGINE`) picks the inference engine: `transformers` (the CPU default)
 or `vllm` (vLLM from `.venv-vllm`: `ART_ENGINE=vllm make demo` builds it first).
@@ -64,8 +67,9 @@ async def rollout(
     completion = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
         messages=trajectory.messages(),
-        max_tokens=20,
+        max_tokens=12,
         temperature=0.0 if greedy else 1.0,
+        stop=["\n"],
     )
     choice = completion.choices[0]
     trajectory.messages_and_choices.append(choice)
@@ -170,7 +174,7 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--steps", type=int, default=32, help="training steps (8 questions x 8 rollouts each)"
+        "--steps", type=int, default=24, help="training steps (8 questions x 8 rollouts each)"
     )
     parser.add_argument("--path", default=".art", help="where the run is stored")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
