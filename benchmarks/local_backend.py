@@ -582,9 +582,11 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
+    # The kernels ATen runs: ATEN_CPU_CAPABILITY can force lower ones than the CPU has.
+    kernels = torch.backends.cpu.get_cpu_capability()
     return (
         f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
-        f"torch {torch.__version__}"
+        f"torch {torch.__version__}, {kernels} kernels"
     )
 
 
