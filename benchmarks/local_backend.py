@@ -10,7 +10,9 @@
    `examples/demo.py`'s arithmetic task, LoRA r=8 on art's default target modules:
    `art.gather_trajectory_groups` + `model.train` against TRL's `GRPOTrainer`. The reward
    adds a tie-break of 0.001 x the rollout's index in its group, so every group has reward
-   variance and both trainers train every rollout: the same work on both sides.
+   variance and both trainers train every rollout: the same work on both sides. The two
+   take their steps in turn (ours, TRL, ours, ...), each waiting while the other steps,
+   so drift in the machine's speed during the run weighs on both alike.
 
 Peak RSS is printed beside each time: of the model service's process for ours, of this
 process for the peers (each peak reset through /proc/PID/clear_refs before its part).
@@ -36,6 +38,7 @@ import platform
 import random
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -183,6 +186,38 @@ class StepTimes:
     @property
     def mean(self) -> float:
         return statistics.fmean(self.seconds)
+
+
+class Turns:
+    """Ours and TRL take their GRPO steps in turn, ours first: each side waits for its turn
+    before a step and gives it to the other after; a side that has finished (or failed)
+    leaves the other to step without waiting."""
+
+    SIDES = ("ours", "TRL")
+
+    def __init__(self) -> None:
+        self._turn = "ours"
+        self._finished: set[str] = set()
+        self._changed = threading.Condition()
+
+    def wait(self, side: str) -> None:
+        other = self._other(side)
+        with self._changed:
+            self._changed.wait_for(lambda: self._turn == side or other in self._finished)
+
+    def give(self, side: str) -> None:
+        with self._changed:
+            self._turn = self._other(side)
+            self._changed.notify_all()
+
+    def finish(self, side: str) -> None:
+        with self._changed:
+            self._finished.add(side)
+            self._turn = self._other(side)
+            self._changed.notify_all()
+
+    def _other(self, side: str) -> str:
+        return self.SIDES[1 - self.SIDES.index(side)]
 
 
 # --- the task shared by both GRPO trainers -----------------------------------------------
@@ -379,7 +414,12 @@ async def rollout_part(
 
 
 async def ours_grpo(
-    model: art.TrainableModel, args: BenchArgs, demo: ModuleType, service_pid: int, history: Path
+    model: art.TrainableModel,
+    args: BenchArgs,
+    demo: ModuleType,
+    service_pid: int,
+    history: Path,
+    turns: Turns,
 ) -> StepTimes:
     """One step = gather P groups x G rollouts through the endpoint + `model.train`."""
     client = model.openai_client()
@@ -404,27 +444,32 @@ async def ours_grpo(
     tokens: list[float] = []
     rewards: list[float] = []
     trained: list[float] = []
-    for step in range(args.warmup_steps + args.steps):
-        started = time.perf_counter()
-        groups = await art.gather_trajectory_groups(
-            (
-                art.TrajectoryGroup(rollout(a, b, k) for k in range(args.generations))
-                for a, b in questions
-            ),
-            pbar_desc=None,
-        )
-        gathered = time.perf_counter()
-        await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
-        finished = time.perf_counter()
-        label = "warmup" if step < args.warmup_steps else "timed"
-        print(f"  ours step {step + 1} ({label}): {finished - started:.1f}s", flush=True)
-        if step >= args.warmup_steps:
-            seconds.append(finished - started)
-            generate_seconds.append(gathered - started)
-            trajectories = [t for group in groups for t in group.trajectories]
-            tokens += [float(completion_tokens(t)) for t in trajectories]
-            rewards += [t.reward for t in trajectories]
-            trained.append(await asyncio.to_thread(_last_tokens_trained, history))
+    try:
+        for step in range(args.warmup_steps + args.steps):
+            await asyncio.to_thread(turns.wait, "ours")
+            started = time.perf_counter()
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(rollout(a, b, k) for k in range(args.generations))
+                    for a, b in questions
+                ),
+                pbar_desc=None,
+            )
+            gathered = time.perf_counter()
+            await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
+            finished = time.perf_counter()
+            turns.give("ours")
+            label = "warmup" if step < args.warmup_steps else "timed"
+            print(f"  ours step {step + 1} ({label}): {finished - started:.1f}s", flush=True)
+            if step >= args.warmup_steps:
+                seconds.append(finished - started)
+                generate_seconds.append(gathered - started)
+                trajectories = [t for group in groups for t in group.trajectories]
+                tokens += [float(completion_tokens(t)) for t in trajectories]
+                rewards += [t.reward for t in trajectories]
+                trained.append(await asyncio.to_thread(_last_tokens_trained, history))
+    finally:
+        turns.finish("ours")
     return StepTimes(
         seconds,
         generate_seconds,
@@ -442,36 +487,50 @@ def _last_tokens_trained(history: Path) -> float:
     return float([row for row in rows if key in row][-1][key])
 
 
-def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str) -> StepTimes:
-    """TRL's GRPOTrainer on the same prompts, reward, LoRA, learning rate and dtype."""
+def trl_grpo(
+    args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str, turns: Turns
+) -> StepTimes:
+    """TRL's GRPOTrainer on the same prompts, reward, LoRA, learning rate and dtype, each
+    optimizer step taken in its turn (`turns`); its model loads in its first turn."""
+    turns.wait("TRL")
+    try:
+        return _trl_steps(args, demo, dtype, output_dir, turns)
+    finally:
+        turns.finish("TRL")
+
+
+def _trl_steps(
+    args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str, turns: Turns
+) -> StepTimes:
+    """`trl_grpo`'s work, begun in TRL's turn."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     class StepClock(TrainerCallback):
-        """At the start of training and the end of each optimizer step: the wall time, and
-        the step's mean completion length and reward (read before TRL averages and clears
-        its metrics, which it does whenever it logs)."""
+        """Gives the turn away after each optimizer step and waits for TRL's next one;
+        records the step's wall time (its turn's), and its mean completion length and reward
+        (read before TRL averages and clears its metrics, which it does whenever it logs)."""
 
         def __init__(self) -> None:
-            self.marks: list[float] = []
+            self.started = 0.0
+            self.seconds: list[float] = []
             self.lengths: list[float] = []
             self.rewards: list[float] = []
             self.metrics: dict[str, list[float]] = {}  # the trainer's own, set once it exists
 
         def on_train_begin(self, *_: Any, **__: Any) -> None:
-            self.marks.append(time.perf_counter())
+            self.started = time.perf_counter()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.marks.append(time.perf_counter())
+            self.seconds.append(time.perf_counter() - self.started)
+            turns.give("TRL")
             self.lengths.append(self.metrics["completions/mean_length"][-1])
             self.rewards.append(self.metrics["reward"][-1])
-            label = "warmup" if len(self.marks) - 1 <= args.warmup_steps else "timed"
-            print(
-                f"  TRL step {len(self.marks) - 1} ({label}): "
-                f"{self.marks[-1] - self.marks[-2]:.1f}s",
-                flush=True,
-            )
+            label = "warmup" if len(self.seconds) <= args.warmup_steps else "timed"
+            print(f"  TRL step {len(self.seconds)} ({label}): {self.seconds[-1]:.1f}s", flush=True)
+            turns.wait("TRL")
+            self.started = time.perf_counter()
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer, unchanged, with the time of each sampling call recorded."""
@@ -561,7 +620,7 @@ def trl_grpo(args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: 
     timed = slice(args.warmup_steps, None)
     mean_length = statistics.fmean(clock.lengths[timed])
     return StepTimes(
-        [end - begin for begin, end in itertools.pairwise(clock.marks)][timed],
+        clock.seconds[timed],
         trainer.generate_seconds[timed],
         mean_length,
         statistics.fmean(clock.rewards[timed]),
@@ -688,14 +747,16 @@ async def run(args: BenchArgs) -> None:
             if "rollout" in args.parts:
                 rollout = await rollout_part(model, args, service_pid)
             if "grpo" in args.parts:
-                print("GRPO step: ours ...", flush=True)
+                print("GRPO step: ours and TRL GRPOTrainer, a step each in turn ...", flush=True)
                 history = Path(path) / "bench" / "models" / "bench" / "history.jsonl"
-                ours = await ours_grpo(model, args, demo, service_pid, history)
+                turns = Turns()
+                # TRL trains in a thread of this process; each side steps only in its turn.
+                ours, trl = await asyncio.gather(
+                    ours_grpo(model, args, demo, service_pid, history, turns),
+                    asyncio.to_thread(trl_grpo, args, demo, dtype, str(Path(path) / "trl"), turns),
+                )
         finally:
             await backend.close()
-        if "grpo" in args.parts:
-            print("GRPO step: TRL GRPOTrainer ...", flush=True)
-            trl = trl_grpo(args, demo, dtype, str(Path(path) / "trl"))
     report(args, dtype, rollout, ours, trl)
 
 
