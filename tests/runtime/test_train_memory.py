@@ -124,6 +124,18 @@ def agent_groups(
     ]
 
 
+def lora_with_weights(default_model: tuple[Any, Any]) -> Any:
+    """A LoRA copy of the default model whose B matrices are not 0, so the adapter matters
+    (LoRA B starts at 0)."""
+    base, _ = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    return model
+
+
 def fresh_trainer(default_model: tuple[Any, Any], **trainer_args: Any) -> PeftTrainer:
     base, tokenizer = default_model
     model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
@@ -165,12 +177,7 @@ def test_the_agent_trajectory_is_one_sequence(default_model: tuple[Any, Any]) ->
 def test_chunked_head_matches_the_full_logits_and_their_gradient(
     default_model: tuple[Any, Any],
 ) -> None:
-    base, _ = default_model
-    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
-    with torch.no_grad():  # LoRA B starts at 0: give it weights so the adapter matters
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    model = lora_with_weights(default_model)
     causal_lm = model.get_base_model()
     ids = torch.randint(10, 40_000, (1, 50), generator=torch.Generator().manual_seed(2))
     targets = ids[0, 1:]
@@ -201,12 +208,7 @@ def test_rows_within_one_chunk_run_the_head_once_with_the_same_gradient(
     """Several chunks are checkpointed (backward runs the head again); rows that fit in one
     chunk keep their logits instead: one forward of the head, the same logprobs and
     gradient."""
-    base, _ = default_model
-    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    model = lora_with_weights(default_model)
     causal_lm = model.get_base_model()
     ids = torch.randint(10, 40_000, (1, 50), generator=torch.Generator().manual_seed(2))
     lora = [p for p in model.parameters() if p.requires_grad]
