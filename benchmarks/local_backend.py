@@ -419,9 +419,10 @@ async def ours_grpo(
     demo: ModuleType,
     service_pid: int,
     history: Path,
-    turns: Turns,
+    turns: Turns | None = None,
 ) -> StepTimes:
-    """One step = gather P groups x G rollouts through the endpoint + `model.train`."""
+    """One step = gather P groups x G rollouts through the endpoint + `model.train`; with
+    `turns`, each step in ours' turn (without, steps follow each other)."""
     client = model.openai_client()
     reset_peak_rss(service_pid)
     questions = _questions(args)
@@ -446,7 +447,8 @@ async def ours_grpo(
     trained: list[float] = []
     try:
         for step in range(args.warmup_steps + args.steps):
-            await asyncio.to_thread(turns.wait, "ours")
+            if turns is not None:
+                await asyncio.to_thread(turns.wait, "ours")
             started = time.perf_counter()
             groups = await art.gather_trajectory_groups(
                 (
@@ -458,7 +460,8 @@ async def ours_grpo(
             gathered = time.perf_counter()
             await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
             finished = time.perf_counter()
-            turns.give("ours")
+            if turns is not None:
+                turns.give("ours")
             label = "warmup" if step < args.warmup_steps else "timed"
             print(f"  ours step {step + 1} ({label}): {finished - started:.1f}s", flush=True)
             if step >= args.warmup_steps:
@@ -469,7 +472,8 @@ async def ours_grpo(
                 rewards += [t.reward for t in trajectories]
                 trained.append(await asyncio.to_thread(_last_tokens_trained, history))
     finally:
-        turns.finish("ours")
+        if turns is not None:
+            turns.finish("ours")
     return StepTimes(
         seconds,
         generate_seconds,
