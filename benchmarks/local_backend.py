@@ -216,6 +216,13 @@ class Turns:
             self._turn = self._other(side)
             self._changed.notify_all()
 
+    @classmethod
+    def alone(cls, side: str) -> Turns:
+        """Turns for `side` with no one to take turns with: it never waits."""
+        turns = cls()
+        turns.finish(turns._other(side))
+        return turns
+
     def _other(self, side: str) -> str:
         return self.SIDES[1 - self.SIDES.index(side)]
 
@@ -423,6 +430,7 @@ async def ours_grpo(
 ) -> StepTimes:
     """One step = gather P groups x G rollouts through the endpoint + `model.train`; with
     `turns`, each step in ours' turn (without, steps follow each other)."""
+    turns = turns or Turns.alone("ours")
     client = model.openai_client()
     reset_peak_rss(service_pid)
     questions = _questions(args)
@@ -447,8 +455,7 @@ async def ours_grpo(
     trained: list[float] = []
     try:
         for step in range(args.warmup_steps + args.steps):
-            if turns is not None:
-                await asyncio.to_thread(turns.wait, "ours")
+            await asyncio.to_thread(turns.wait, "ours")
             started = time.perf_counter()
             groups = await art.gather_trajectory_groups(
                 (
@@ -460,8 +467,7 @@ async def ours_grpo(
             gathered = time.perf_counter()
             await model.train(groups, config=art.TrainConfig(learning_rate=args.learning_rate))
             finished = time.perf_counter()
-            if turns is not None:
-                turns.give("ours")
+            turns.give("ours")
             label = "warmup" if step < args.warmup_steps else "timed"
             print(f"  ours step {step + 1} ({label}): {finished - started:.1f}s", flush=True)
             if step >= args.warmup_steps:
@@ -472,8 +478,7 @@ async def ours_grpo(
                 rewards += [t.reward for t in trajectories]
                 trained.append(await asyncio.to_thread(_last_tokens_trained, history))
     finally:
-        if turns is not None:
-            turns.finish("ours")
+        turns.finish("ours")
     return StepTimes(
         seconds,
         generate_seconds,
