@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
-from helpers import JsonHandler, one_at_a_time, serving
+from helpers import JsonHandler, lock_waits, one_at_a_time, serving
 
 if TYPE_CHECKING:
     from art.local import LocalBackend
@@ -45,8 +45,27 @@ TEST_SEED = int(os.environ.get("ART_TEST_SEED", "0"))
 _module_seconds: defaultdict[str, float] = defaultdict(float)
 
 
+_module_lock_waits: defaultdict[str, float] = defaultdict(float)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Each phase's report carries the seconds it waited for `one_at_a_time` locks, so the
+    controller (which runs no tests under xdist) can sum them per module."""
+    report = yield
+    waited = sum(lock_waits.values())
+    lock_waits.clear()
+    if waited:
+        report.user_properties.append(("lock_wait_seconds", waited))
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _module_seconds[report.nodeid.split("::")[0]] += report.duration
+    module = report.nodeid.split("::")[0]
+    _module_seconds[module] += report.duration
+    for key, value in report.user_properties:
+        if key == "lock_wait_seconds":
+            _module_lock_waits[module] += float(value)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -59,6 +78,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_sep("=", f"seconds per module ({total:.0f} s in all)")
     for module, seconds in rows:
         terminalreporter.write_line(f"{seconds:8.1f}  {module}")
+    # A worker waiting for another's vLLM server or Ray cluster does nothing meanwhile.
+    waits = sorted(
+        ((module, seconds) for module, seconds in _module_lock_waits.items() if seconds >= 1),
+        key=lambda row: -row[1],
+    )
+    if waits:
+        terminalreporter.write_sep("=", "of which waiting for another worker's lock")
+        for module, seconds in waits:
+            terminalreporter.write_line(f"{seconds:8.1f}  {module}")
     target = os.environ.get("ART_TEST_DURATIONS")
     if target:
         lines = [

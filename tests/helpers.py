@@ -6,6 +6,7 @@ import fcntl
 import json
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -120,6 +121,11 @@ def assert_a_step_learned(run_dir: Path) -> None:
     assert max(counts) > 0, f"every group's rewards were equal at each step: {counts}"
 
 
+# Seconds this process waited for each lock since conftest.py last took the figures: a
+# worker that waits sits idle, so the suite's summary prints them per module.
+lock_waits: dict[str, float] = {}
+
+
 @contextmanager
 def one_at_a_time(name: str) -> Iterator[None]:
     """Hold the lock `name` across every process of this machine's test runs.
@@ -129,7 +135,9 @@ def one_at_a_time(name: str) -> Iterator[None]:
     """
     path = Path(tempfile.gettempdir()) / f"art-tests-{name}.lock"
     with path.open("a") as handle:
+        asked = time.monotonic()
         fcntl.flock(handle, fcntl.LOCK_EX)
+        lock_waits[name] = lock_waits.get(name, 0.0) + time.monotonic() - asked
         try:
             yield
         finally:
