@@ -64,8 +64,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy's incremental cache lives outside the checkout, beside the environments' cache, so a
+# fresh clone checks in seconds what changed instead of every module from nothing (77 s
+# cold on 2 cores, 3 s warm, 2026-11-27); mypy revalidates each cached module against its
+# source's hash (a type error put into a fresh clone was caught with the cache warm).
+# MYPY_CACHE=.mypy_cache keeps it in the checkout.
+MYPY_CACHE ?= $(HOME)/.cache/art/mypy
 typecheck: venv
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(MYPY_CACHE)
 
 # The documentation site (mkdocs.yml, docs/), built strictly into site/: a broken link, a
 # missing include or a reference that does not resolve fails it. Offline, a few seconds.
