@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 from helpers import JsonHandler, lock_waits, one_at_a_time, serving
+from scheduling import LockAwareLoadFileScheduling, TestSeconds
 
 if TYPE_CHECKING:
     from art.local import LocalBackend
@@ -46,6 +47,23 @@ _module_seconds: defaultdict[str, float] = defaultdict(float)
 
 
 _module_lock_waits: defaultdict[str, float] = defaultdict(float)
+_test_seconds: defaultdict[str, float] = defaultdict(float)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the lock units and the longest-first order of
+    tests/scheduling.py; any other mode is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    return LockAwareLoadFileScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller (or a run without workers) records each test's seconds, for the
+    next run's order."""
+    if not hasattr(session.config, "workerinput"):
+        TestSeconds().update(_test_seconds)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -63,6 +81,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::")[0]
     _module_seconds[module] += report.duration
+    _test_seconds[report.nodeid] += report.duration
     for key, value in report.user_properties:
         if key == "lock_wait_seconds":
             _module_lock_waits[module] += float(value)

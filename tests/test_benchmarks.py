@@ -181,12 +181,15 @@ def run_quick(script: str, *options: str) -> str:
     return result.stdout
 
 
+# The engines benchmark starts vLLM, ray_replicas a Ray cluster: one of each at a time.
+LOCKS = {"engines": "vllm", "ray_replicas": "ray"}
+
+
 @pytest.mark.parametrize(("script", "options", "expected"), RUNS)
 def test_the_quick_setting_runs_to_its_report(
     script: str, options: list[str], expected: list[str]
 ) -> None:
-    # The engines benchmark starts vLLM, ray_replicas a Ray cluster: one of each at a time.
-    with one_at_a_time({"engines": "vllm", "ray_replicas": "ray"}.get(script, script)):
+    with one_at_a_time(LOCKS.get(script, script)):
         output = run_quick(script, *options)
     missing = [line for line in expected if line not in output]
     assert not missing, f"{missing} not in the output of {script}.py --quick:\n{output[-3000:]}"
