@@ -100,11 +100,12 @@ browser:
 # Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
 # child processes, servers and imports that use one core. What must not run twice at once
 # (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time). Tests
-# marked `solo` run after them, alone, each saying in its mark why.
+# marked `solo` run after them, alone, each saying in its mark why (only the modules that
+# name the mark are collected for that run: collecting the whole suite took 17 s).
 PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not solo"
-	$(BIN)/pytest -m solo -p no:cacheprovider
+	$(BIN)/pytest -m solo -p no:cacheprovider $$(grep -rl --include='test_*.py' 'mark.solo' tests)
 
 test: lint typecheck docs pytest
 
