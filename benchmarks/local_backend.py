@@ -701,9 +701,10 @@ def report(
             )
         tps = {key: result.tokens_per_s for key, result in rollout.items()}
         batch = tps[f"ours@{c}"] / tps[f"generate-batch@{c}"]
-        print(_ratio_line(f"ours@{c} / generate-batch@{c}", batch, "(bar >= 1.3x)", batch >= 1.3))
+        # The bars are #40's (2.5x at 32 rows, 1.3x at batch 1, GRPO 0.4x of TRL's time).
+        print(_ratio_line(f"ours@{c} / generate-batch@{c}", batch, "(bar >= 2.5x)", batch >= 2.5))
         single = tps["ours@1"] / tps["generate@1"]
-        print(_ratio_line("ours@1 / generate@1", single, "(bar >= 1.0x)", single >= 1.0))
+        print(_ratio_line("ours@1 / generate@1", single, "(bar >= 1.3x)", single >= 1.3))
         print(_ratio_line(f"ours@{c} / generate@1", tps[f"ours@{c}"] / tps["generate@1"]))
     if ours is not None and trl is not None:
         print()
@@ -726,7 +727,7 @@ def report(
                 f"{times.mean_reward:>7.2f} {times.peak_rss_gib:>5.2f} GiB"
             )
         ratio = ours.mean / trl.mean
-        print(_ratio_line("ours / TRL seconds per step", ratio, "(bar <= 0.67x)", ratio <= 0.67))
+        print(_ratio_line("ours / TRL seconds per step", ratio, "(bar <= 0.4x)", ratio <= 0.4))
 
 
 # --- the run ---------------------------------------------------------------------------------
