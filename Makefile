@@ -99,7 +99,8 @@ browser:
 # end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
 # Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
 # child processes, servers and imports that use one core. What must not run twice at once
-# (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time). Tests
+# (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time), and the
+# modules taking one lock run as one unit, the longest units first (tests/scheduling.py). Tests
 # marked `solo` run after them, alone, each saying in its mark why (only the modules that
 # name the mark are collected for that run: collecting the whole suite took 17 s).
 PYTEST_WORKERS ?= 2

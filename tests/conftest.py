@@ -44,8 +44,6 @@ if _workers > 1:
 TEST_SEED = int(os.environ.get("ART_TEST_SEED", "0"))
 
 _module_seconds: defaultdict[str, float] = defaultdict(float)
-
-
 _module_lock_waits: defaultdict[str, float] = defaultdict(float)
 _test_seconds: defaultdict[str, float] = defaultdict(float)
 
