@@ -81,6 +81,11 @@ def test_recorded_seconds_merge_with_the_earlier_record(
     assert TestSeconds().load() == {"a.py::1": 3.0, "b.py::1": 2.0}
     record.write_text("not json")
     assert TestSeconds().load() == {}  # an unreadable record orders nothing
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("ART_TEST_SECONDS", str(blocked / "seconds.json"))
+    with pytest.warns(UserWarning, match="test seconds not recorded"):
+        TestSeconds().update({"a.py::1": 1.0})  # the run goes on
     monkeypatch.setenv("ART_TEST_SECONDS", "off")
     TestSeconds().update({"a.py::1": 1.0})
     assert TestSeconds().load() == {}
