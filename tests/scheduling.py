@@ -82,7 +82,12 @@ class TestSeconds:
 
 
 class LockAwareLoadFileScheduling(LoadFileScheduling):
-    """loadfile scheduling with the lock units and the longest-first order above."""
+    """loadfile scheduling with the lock units and the longest-first order above.
+
+    xdist's hook takes a whole scheduler and has no ordering hook of its own, so this
+    overrides two methods of its LoadScopeScheduling (`_split_scope`, which LoadFileScheduling
+    itself overrides, and `_assign_work_unit`), as of pytest-xdist 3.8.0, the pinned version.
+    """
 
     def __init__(self, config: Any, log: Any = None) -> None:
         super().__init__(config, log)
