@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import local_backend as bench  # this folder's whole-backend benchmark: figures, helpers
 import torch
 import torch.nn.functional as F
 
@@ -44,20 +41,7 @@ from art.local import LocalBackend
 from art.runtime import models
 from art.runtime.engines.transformers import lean_decode
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _module(ROOT / "benchmarks" / "local_backend.py", "art_bench_local_backend")
+# The figures and helpers of the whole-backend benchmark (this folder is first on sys.path).
 
 # Op name -> group, by the first pattern it contains.
 GROUPS = (

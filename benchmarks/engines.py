@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import statistics
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -32,26 +30,12 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import local_backend as bench  # this folder's whole-backend benchmark: figures, helpers
 import torch
 
 import art
 from art.local import LocalBackend
 from art.runtime import models
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _module(ROOT / "benchmarks" / "local_backend.py", "art_bench_local_backend")
 
 
 async def measure_engine(engine: str, args: Any, demo: ModuleType) -> dict[str, Any]:
@@ -89,7 +73,7 @@ def generate_peer(args: Any) -> Any:
 
 async def run(args: Any) -> None:
     load = os.getloadavg()[0]
-    demo = bench._demo()
+    demo = bench.demo_module()
     results = {
         engine: await measure_engine(engine, args, demo) for engine in ("vllm", "transformers")
     }

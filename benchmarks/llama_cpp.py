@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -40,7 +38,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 # Read by torch, oneDNN, MKL and fbgemm when they load: set before the first import of torch.
@@ -50,6 +47,7 @@ os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
 os.environ.setdefault("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import local_backend as bench  # this folder's whole-backend benchmark: figures, helpers
 import torch
 from openai import AsyncOpenAI
 
@@ -70,19 +68,6 @@ NOT_INSTALLED = (
     "`make venv-llama` builds them (llama.cpp compiled for AVX2, 10-20 minutes on 2 cores), "
     "then run this again. Nothing measured."
 )
-
-
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _module(ROOT / "benchmarks" / "local_backend.py", "art_bench_local_backend")
 
 
 @dataclass(frozen=True)

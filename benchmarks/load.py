@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -29,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import httpx
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 
 import art
 from art.local import LocalBackend
@@ -133,13 +133,7 @@ async def main() -> None:
         args.requests, args.disconnect, args.max_tokens = 8, 0.25, 4
     vanishing = round(args.requests * args.disconnect)
 
-    import torch
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, load average {load:.1f}"
-    )
+    print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as path:
         async with LocalBackend(path=path, in_process=True) as backend:
             model = art.TrainableModel(name="load", project="bench", base_model=art_default())

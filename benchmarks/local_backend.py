@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import tempfile
@@ -51,6 +49,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import torch
+from support.demo import demo_module  # examples/demo.py's task
+from support.machine import machine
+from support.trl_data import (
+    trl_dataset,  # TRL's rows, past a datasets 5.1-5.2 bug  # benchmarks/support: the line every benchmark prints
+)
 
 import art
 from art.core.dev import PeftArgs
@@ -228,16 +231,6 @@ class Turns:
 
 
 # --- the task shared by both GRPO trainers -----------------------------------------------
-
-
-def _demo() -> ModuleType:
-    """`examples/demo.py`, for its system prompt and reward function."""
-    spec = importlib.util.spec_from_file_location("art_demo", ROOT / "examples" / "demo.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _questions(args: BenchArgs) -> list[tuple[int, int]]:
@@ -512,7 +505,6 @@ def _trl_steps(
     args: BenchArgs, demo: ModuleType, dtype: torch.dtype, output_dir: str, turns: Turns
 ) -> StepTimes:
     """`trl_grpo`'s work, begun in TRL's turn."""
-    from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -563,7 +555,7 @@ def _trl_steps(
         ]
 
     questions = _questions(args)
-    dataset = Dataset.from_list(
+    dataset = trl_dataset(
         [
             {"prompt": _arithmetic_messages(demo.SYSTEM, a, b), "expected": a + b}
             for a, b in questions
@@ -640,22 +632,6 @@ def _trl_steps(
 
 
 # --- the report ------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    # The kernels ATen runs: ATEN_CPU_CAPABILITY can force lower ones than the CPU has.
-    kernels = torch.backends.cpu.get_cpu_capability()
-    return (
-        f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
-        f"torch {torch.__version__}, {kernels} kernels"
-    )
 
 
 def _ratio_line(label: str, ratio: float, bar: str = "", passed: bool | None = None) -> str:
@@ -740,7 +716,7 @@ async def run(args: BenchArgs) -> None:
         # On a shared CPU the numbers are noise, and torch's spinning worker threads can
         # make them far worse (OMP_NUM_THREADS=1 keeps a smoke run usable there).
         print(f"warning: load average {load:.1f} before the run: other work shares this CPU")
-    demo = _demo()
+    demo = demo_module()
     rollout: dict[str, Throughput] | None = None
     ours: StepTimes | None = None
     trl: StepTimes | None = None

@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import itertools
 import os
-import platform
 import random
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+from support.demo import demo_module  # examples/demo.py's task
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 
 import art
 from art.local import LocalBackend
@@ -53,16 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def load_demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("art_demo", ROOT / "examples" / "demo.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DEMO = load_demo()
+DEMO = demo_module()
 
 
 @dataclass
@@ -204,23 +195,6 @@ def read_train_rewards(store: Path) -> tuple[list[float], int]:
             rewards.append(row["train/reward"])
             trained += int(row["data/step_num_trajectories"])
     return rewards, trained
-
-
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"CUDA {'yes' if torch.cuda.is_available() else 'no'}, load average {load:.1f}"
-    )
 
 
 def rises(rewards: list[float]) -> tuple[float, float]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +30,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 
 import art
 from art.backends.ray import RayBackend, RayConfig
@@ -107,12 +108,8 @@ async def main() -> None:
         args.seconds, args.warmup_seconds, args.max_tokens = 3.0, 0.0, 4
         args.concurrency = 2
     import ray
-    import torch
 
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; ray {ray.__version__}"
-    )
+    print(f"machine: {machine()}; ray {ray.__version__}")
     runs: list[tuple[str, Callable[[str], Any]]] = [
         # Measured before the cluster starts, so Ray's own processes are not beside it.
         ("LocalBackend (in process)", lambda path: LocalBackend(path=path, in_process=True)),

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import itertools
 import os
-import platform
 import random
 import tempfile
 import time
@@ -33,20 +31,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from support.demo import demo_module  # examples/demo.py's task
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
+
 import art
 from art.rewards import ruler_score_group
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def load_demo() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
-    spec = importlib.util.spec_from_file_location("art_demo", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pairwise_agreement(true: Sequence[float], predicted: Sequence[float]) -> tuple[float, int]:
@@ -84,7 +75,7 @@ async def sample_group(
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    demo = load_demo()
+    demo = demo_module()
     path = Path(tempfile.mkdtemp(prefix="ruler-agreement-"))
     backend = art.LocalBackend(path=str(path), in_process=True)
     model = art.TrainableModel(name="agreement", project="bench", base_model=BASE_MODEL)
@@ -150,7 +141,7 @@ async def main(arguments: argparse.Namespace) -> None:
     tokens = sum(
         t.metrics.get("ruler_judge_completion_tokens", 0.0) for _, done in kept for t in done
     )
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(f"\nmachine: {machine()}")
     print(
         f"judge: {judge_model}; {len(groups)} groups x {arguments.group_size} rollouts of "
         f"the demo's arithmetic task; {len(groups) - len(kept)} groups the judge failed on"

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 
 from art.core.dev import PeftArgs
 from art.runtime import models
@@ -123,15 +122,7 @@ def main() -> None:
         )
         for q in questions
     ]
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    print(f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"machine: {machine()}")
     print(
         f"model: {models.DEFAULT_MODEL}, dtype {str(model.dtype).removeprefix('torch.')}, "
         f"LoRA B ~ N(0, {args.scale:g}), {len(prompts)} prompts x 4 samples x {args.tokens} tokens"

@@ -39,7 +39,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -55,6 +54,11 @@ from typing import Any
 # Set before the Hugging Face libraries are imported: they read these on import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+from support.machine import machine
+from support.trl_data import (
+    trl_dataset,  # TRL's rows, past a datasets 5.1-5.2 bug  # benchmarks/support: the line every benchmark prints
+)
 
 import art
 from art.runtime import models
@@ -218,7 +222,6 @@ def ours(args: BenchArgs) -> SideResult:
 def trl(args: BenchArgs, output_dir: str) -> SideResult:
     """TRL's `SFTTrainer` on the token ids and assistant masks ours trains."""
     import torch
-    from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -295,7 +298,7 @@ def trl(args: BenchArgs, output_dir: str) -> SideResult:
     trainer = SFTTrainer(
         model=hf_model,
         args=config,
-        train_dataset=Dataset.from_list(rows),
+        train_dataset=trl_dataset(rows),
         processing_class=tokenizer,
         peft_config=lora_config(art.dev.PeftArgs()),  # exactly the adapter art trains
         callbacks=[clock],
@@ -351,22 +354,6 @@ def child(side: str, args: BenchArgs, result: Path) -> None:
 
 
 # --- the report ----------------------------------------------------------------------------
-
-
-def machine() -> str:
-    import torch
-
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return (
-        f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
-        f"torch {torch.__version__}"
-    )
 
 
 def _ratio_line(label: str, ratio: float, bar: str, passed: bool) -> str:

@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 # Set before the Hugging Face libraries are imported: they read these on import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
+
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 
 from art.runtime import models
 from art.runtime.chat_format import render_prompt, rendering_for
@@ -67,21 +66,6 @@ PROMPT = (
     "Score four answers to 'What is 2 + 3?': (1) 5. (2) 6. (3) Two plus three is five. "
     "(4) I don't know. Reply with JSON: for each, trajectory_id, explanation, score 0..1."
 )
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{cpu}, {os.cpu_count()} cores (torch threads {torch.get_num_threads()}), "
-        f"torch {torch.__version__}, load average {load:.1f}"
-    )
 
 
 def mask_times(grammars: Grammars, tokenizer: object, vocab: int, rows: int) -> list[float]:

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import tempfile
 import threading
 import time
@@ -46,6 +45,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+from support.machine import machine
+from support.trl_data import (
+    trl_dataset,  # TRL's rows, past a datasets 5.1-5.2 bug  # benchmarks/support: the line every benchmark prints
+)
 
 import art
 from art.local import LocalBackend
@@ -235,7 +239,6 @@ def unsloth_child(service_pid: int) -> int | None:
 
 def trl_child(trajectories: int, completion_tokens: int) -> None:
     """One TRL GRPO step on the same sequences (run as this script's child)."""
-    from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
@@ -290,9 +293,7 @@ def trl_child(trajectories: int, completion_tokens: int) -> None:
         model=hf_model,
         reward_funcs=reward,
         args=config,
-        train_dataset=Dataset.from_list(
-            [{"prompt": f"group {g}"} for g in range(trajectories // 4)]
-        ),
+        train_dataset=trl_dataset([{"prompt": f"group {g}"} for g in range(trajectories // 4)]),
         processing_class=tokenizer,
         peft_config=lora_config(PeftArgs()),
         rollout_func=rollout,
@@ -355,14 +356,10 @@ async def main() -> None:
         trainer_backend="unsloth" if args.peer == "unsloth" else None,
         trainer_args=art.dev.TrainerArgs(memory_budget_gb=args.memory_budget_gb),
     )
-    import torch
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, dtype {models.torch_dtype('auto')}"
-    )
+    print(f"machine: {machine()}; dtype {models.torch_dtype('auto')}")
     for setting in args.settings.split(","):
         n, t = (int(part) for part in setting.split("x"))
         if args.peer == "trl":

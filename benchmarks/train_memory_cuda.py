@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.machine import machine  # benchmarks/support: the line every benchmark prints
 from train_memory import agent_trajectory  # the same trajectories as the CPU benchmark
 
 import art
@@ -142,8 +142,7 @@ def main() -> None:
         args.tokenizer = str(models.default_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     print(
-        f"machine: {torch.cuda.get_device_name()}, {platform.processor() or platform.machine()}; "
-        f"torch {torch.__version__}; model: random, Llama-3.2-1B decoder shape, vocab "
+        f"machine: {machine()}; model: random, Llama-3.2-1B decoder shape, vocab "
         f"{len(tokenizer)}, bf16; LoRA r=8 on 7 modules"
     )
     # CUDA's first kernels (and cuBLAS's heuristics) load on first use: warm both up.
