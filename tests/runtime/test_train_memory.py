@@ -512,9 +512,10 @@ _LIBC = _glibc_with_mallinfo2()
 def _mapped_on_its_own() -> bool | None:
     """Whether glibc gives a block a mapping of its own (over the mmap threshold) rather
     than heap memory: the threshold's real effect. The block is larger than all the
-    heaps' free memory, so no free chunk can serve it, and under 32 MiB, so the decoding
-    threshold keeps it on the heap. None: the heaps hold too much free memory to tell."""
-    size = _LIBC.mallinfo2().fordblks + 1024**2
+    heaps' free memory, so no free chunk can serve it, over a training step's threshold
+    (4 MiB), and under 32 MiB, so the decoding threshold keeps it on the heap. None: the
+    heaps hold too much free memory to tell."""
+    size = max(_LIBC.mallinfo2().fordblks, 4 * 1024**2) + 1024**2
     if size >= 31 * 1024**2:
         return None
     before = _LIBC.mallinfo2().hblks
@@ -590,7 +591,7 @@ def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
 
         first.leave()
         assert _mapped_on_its_own() is not False, "restored while a step still trains"
-        assert memory.PROCESS_MEMORY.mmap_threshold == 256 * 1024
+        assert memory.PROCESS_MEMORY.mmap_threshold == 4 * 1024**2
 
         second.leave()
         assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
@@ -665,7 +666,7 @@ def test_a_trainer_overlapping_decoding_leaves_the_threshold_alone(
     finally:
         handle.remove()
     assert seen
-    expected = 32 * 1024**2 if overlaps_decoding else 256 * 1024
+    expected = 32 * 1024**2 if overlaps_decoding else 4 * 1024**2
     assert all(threshold == expected for threshold, _ in seen)
     # Where the heaps' free memory lets it tell, glibc agrees.
     assert all(mapped is not overlaps_decoding for _, mapped in seen)

@@ -199,7 +199,15 @@ def _cgroup_room() -> int | None:
 
 # glibc's mallopt parameter number for the mmap threshold (malloc.h).
 _M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 256 * 1024
+# Blocks of this size or more are mapped on their own while a CPU step trains. Not lower:
+# each mapping is faulted in afresh, and an elementwise op writing a fresh 3.4 MB block ran
+# 16x slower mapped than from the heap (1.4 ms against 0.08). With 256 KiB, SFT steps of
+# ~560-token rows took 58 s, with 4 MiB 33 s, for a peak RSS of 1.84 and 2.32 GiB; one
+# step of 8 x 2,048-token agent trajectories peaked at 1.98 and 2.27 GiB in 304 and 312 s
+# (default model, float32, 2 cores, 2026-11-27). A long sequence's activations are larger
+# than this, so they still leave the RSS at once; glibc's own ceiling (the heap for every
+# block under 32 MiB) kept 5.36 GiB resident on the same step.
+_MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 # glibc's own ceiling for its dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
 _DECODING_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 
@@ -237,8 +245,9 @@ class ProcessMemory:
         MiB); after that, blocks under it come from the heap and, once freed, stay in the
         RSS. A training step's activations are such blocks, so the RSS kept what every
         layer had ever held: on the default model, 0.84 MB per token with gradient
-        checkpointing against 0.17 MB of live tensors. Inside, every block of 256 KiB or
-        more is its own mapping, unmapped when freed. When the last step inside leaves,
+        checkpointing against 0.17 MB of live tensors. Inside, every block of 4 MiB or
+        more is its own mapping, unmapped when freed (`_MMAP_THRESHOLD_BYTES` says why not
+        less): a long sequence's activations. When the last step inside leaves,
         the threshold is set to glibc's ceiling: a decode step's logits and temporaries
         (megabytes, every step) come from the heap again; mapping and faulting them in
         afresh each step cost the decode loop ~30% of its throughput at 32 rows (measured
