@@ -202,7 +202,7 @@ _M_MMAP_THRESHOLD = -3
 # Blocks of this size or more are mapped on their own while a CPU step trains. Not lower:
 # each mapping is faulted in afresh, and an elementwise op writing a fresh 3.4 MB block ran
 # 16x slower mapped than from the heap (1.4 ms against 0.08). With 256 KiB, SFT steps of
-# ~560-token rows took 58 s, with 4 MiB 33 s, for a peak RSS of 1.84 and 2.32 GiB; one
+# ~560-token rows took 58 s, with 4 MiB 33-36 s, for a peak RSS of 1.84 and 2.29 GiB; one
 # step of 8 x 2,048-token agent trajectories peaked at 1.98 and 2.27 GiB in 304 and 312 s
 # (default model, float32, 2 cores, 2026-11-27). A long sequence's activations are larger
 # than this, so they still leave the RSS at once; glibc's own ceiling (the heap for every
