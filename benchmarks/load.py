@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import httpx
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.machine import machine
 
 import art
 from art.local import LocalBackend

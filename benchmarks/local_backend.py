@@ -49,11 +49,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 import torch
-from support.demo import demo_module  # examples/demo.py's task
+from support.demo import demo_module
 from support.machine import machine
-from support.trl_data import (
-    trl_dataset,  # TRL's rows, past a datasets 5.1-5.2 bug  # benchmarks/support: the line every benchmark prints
-)
+from support.trl_data import trl_dataset
 
 import art
 from art.core.dev import PeftArgs
@@ -63,8 +61,6 @@ from art.runtime import models
 from art.runtime.chat_format import render_prompt, rendering_for
 from art.runtime.service.model_service import _stop_token_ids  # the engine's own stop rule
 from art.runtime.trainer.peft_trainer import lora_config
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Open-ended requests, so most completions run to max_tokens and the decode loop, not
 # the HTTP round trip, is what is measured. Ours and both peers cycle through the same list.

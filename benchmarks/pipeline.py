@@ -42,14 +42,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-from support.demo import demo_module  # examples/demo.py's task
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.demo import demo_module
+from support.machine import machine
 
 import art
 from art.local import LocalBackend
 from art.pipeline_trainer import PipelineTrainer
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -31,7 +31,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.machine import machine
 
 import art
 from art.backends.ray import RayBackend, RayConfig

@@ -31,8 +31,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from support.demo import demo_module  # examples/demo.py's task
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.demo import demo_module
+from support.machine import machine
 
 import art
 from art.rewards import ruler_score_group

@@ -28,7 +28,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.machine import machine
 
 from art.core.dev import PeftArgs
 from art.runtime import models

@@ -56,9 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 from support.machine import machine
-from support.trl_data import (
-    trl_dataset,  # TRL's rows, past a datasets 5.1-5.2 bug  # benchmarks/support: the line every benchmark prints
-)
+from support.trl_data import trl_dataset
 
 import art
 from art.runtime import models

@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.machine import machine
 
 from art.runtime import models
 from art.runtime.chat_format import render_prompt, rendering_for

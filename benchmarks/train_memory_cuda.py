@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support.machine import machine  # benchmarks/support: the line every benchmark prints
+from support.machine import machine
 from train_memory import agent_trajectory  # the same trajectories as the CPU benchmark
 
 import art
