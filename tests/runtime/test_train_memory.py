@@ -507,6 +507,9 @@ def _glibc_with_mallinfo2() -> Any:
 
 
 _LIBC = _glibc_with_mallinfo2()
+# The mmap threshold while a CPU step trains (memory._MMAP_THRESHOLD_BYTES), spelled here so
+# that a change of it is a change of these tests too.
+STEP_THRESHOLD = 4 * 1024**2
 
 
 def _mapped_on_its_own() -> bool | None:
@@ -515,7 +518,7 @@ def _mapped_on_its_own() -> bool | None:
     heaps' free memory, so no free chunk can serve it, over a training step's threshold
     (4 MiB), and under 32 MiB, so the decoding threshold keeps it on the heap. None: the
     heaps hold too much free memory to tell."""
-    size = max(_LIBC.mallinfo2().fordblks, 4 * 1024**2) + 1024**2
+    size = max(_LIBC.mallinfo2().fordblks, STEP_THRESHOLD) + 1024**2
     if size >= 31 * 1024**2:
         return None
     before = _LIBC.mallinfo2().hblks
@@ -591,7 +594,7 @@ def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
 
         first.leave()
         assert _mapped_on_its_own() is not False, "restored while a step still trains"
-        assert memory.PROCESS_MEMORY.mmap_threshold == 4 * 1024**2
+        assert memory.PROCESS_MEMORY.mmap_threshold == STEP_THRESHOLD
 
         second.leave()
         assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
@@ -666,7 +669,7 @@ def test_a_trainer_overlapping_decoding_leaves_the_threshold_alone(
     finally:
         handle.remove()
     assert seen
-    expected = 32 * 1024**2 if overlaps_decoding else 4 * 1024**2
+    expected = 32 * 1024**2 if overlaps_decoding else STEP_THRESHOLD
     assert all(threshold == expected for threshold, _ in seen)
     # Where the heaps' free memory lets it tell, glibc agrees.
     assert all(mapped is not overlaps_decoding for _, mapped in seen)
