@@ -166,7 +166,13 @@ class _Plan:
     """How a step runs, planned before it does: its micro-batches and its memory."""
 
     batches: list[_Batch]
-    estimated_bytes: int  # the process's estimated peak
+    in_use_bytes: int  # what the process held when the step was planned (RSS on CPU)
+    step_bytes: int  # what the largest micro-batch adds to that, as `StepMemory` counts it
+
+    @property
+    def estimated_bytes(self) -> int:
+        """The process's estimated peak."""
+        return self.in_use_bytes + self.step_bytes
 
 
 class PeftTrainer:
@@ -444,7 +450,7 @@ class PeftTrainer:
         plan = (
             self._plan(sequences, max_sequences, memory, row_tokens)
             if local_tokens
-            else _Plan([], 0)
+            else _Plan([], 0, 0)
         )
         self.model.set_adapter(self.adapter)  # inference may have switched to another
         self._train_mode()
@@ -503,6 +509,7 @@ class PeftTrainer:
                 "grad_norm": grad_norm,
                 "peak_memory_gb": peak.peak_gib(),
                 "estimated_memory_gb": plan.estimated_bytes / GIB,
+                "estimated_step_memory_gb": plan.step_bytes / GIB,
                 "micro_batches": float(len(plan.batches)),
                 "forward_tokens": float(sum(b.tokens for b in plan.batches)),
                 "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
@@ -664,7 +671,7 @@ class PeftTrainer:
             )
             batches.append(_Batch(indices, tokens, checkpointed, shares))
             estimated = max(estimated, memory.step_bytes(tokens, checkpointed))
-        return _Plan(batches=batches, estimated_bytes=budget.in_use + estimated)
+        return _Plan(batches=batches, in_use_bytes=budget.in_use, step_bytes=estimated)
 
     def _units(
         self, sequences: Sequence[TrainingSequence], row: int, max_sequences: int | None
