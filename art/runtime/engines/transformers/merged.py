@@ -69,8 +69,11 @@ class MergedCopy:
             if adapter is None or adapter not in lora.lora_A:
                 target.weight.copy_(weight)
             else:
-                delta = lora.get_delta_weight(adapter)
-                target.weight.copy_(weight.to(torch.float32) + delta.to(torch.float32))
+                # In place: W0 + delta computed in float32 (the promoted type of an
+                # in-place add) and rounded once to the copy's dtype, with no temporary
+                # of the weight's size besides PEFT's delta.
+                target.weight.copy_(weight)
+                target.weight.add_(lora.get_delta_weight(adapter))
         self._merged = adapter
 
 
