@@ -218,6 +218,48 @@ def test_merged_copy_rows_of_different_lengths_match_the_full_forward_pass(
         engine.close()
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers-step", "lean-step"])
+def test_rows_leaving_mid_batch_leave_their_neighbours_answers_unchanged(
+    default_model: tuple[Any, Any], lean: bool
+) -> None:
+    """Requests of different lengths in one batch: as each row finishes, a row from the
+    end of the batch takes its place in the cache (`batch.compacted`), and every row's
+    greedy tokens and logprobs are still the full pass's, through transformers' decode
+    step and through the merged copy's lean one."""
+    base, tokenizer = default_model
+    merged = MergedCopy(base, copy.deepcopy(base).requires_grad_(False)) if lean else None
+    engine = _engine(base, tokenizer, merged)
+    assert (engine._decoder.lean is not None) == lean
+    prompts = _prompts(tokenizer)
+    lengths = [3, 17, 6, 24, 9, 13]
+
+    async def run() -> list[Any]:
+        return await asyncio.gather(
+            *(
+                engine.generate(
+                    prompts[i % len(prompts)],
+                    SamplingParams(max_tokens=length, temperature=0),
+                    n=1,
+                    adapter=None,
+                )
+                for i, length in enumerate(lengths)
+            )
+        )
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        engine.close()
+    for i, (samples, length) in enumerate(zip(results, lengths, strict=True)):
+        prompt, tokens = prompts[i % len(prompts)], samples[0].token_ids
+        assert len(tokens) == length
+        full = _full_forward_logprobs(base, prompt, tokens)
+        assert torch.allclose(full, torch.tensor(samples[0].logprobs), atol=1e-4)
+        with torch.no_grad():
+            logits = base(torch.tensor([prompt + tokens])).logits[0]
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens
+
+
 def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
     default_model: tuple[Any, Any],
 ) -> None:

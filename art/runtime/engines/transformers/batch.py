@@ -154,7 +154,7 @@ class BatchDecoder:
 
     def step(self, batch: Batch) -> Batch:
         """Sample one token for every row, retire finished rows, and run the model once."""
-        batch = keep(batch, [i for i, row in enumerate(batch.rows) if not row.request.ended])
+        batch = keep(batch, [i for i, row in enumerate(batch.rows) if not row.request.ended])[0]
         if not batch.rows:
             return batch
         logits = batch.logits
@@ -176,8 +176,8 @@ class BatchDecoder:
                 row.request.fail(error)
         kept = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
         if len(kept) < len(batch.rows):
-            tokens = tokens[torch.tensor(kept, dtype=torch.long, device=tokens.device)]
-            batch = keep(batch, kept)
+            batch, order = keep(batch, kept)
+            tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]
         if not batch.rows:
             return batch
         attention = torch.cat([batch.attention, batch.attention.new_ones((len(kept), 1))], dim=1)
@@ -204,14 +204,16 @@ def join(running: Batch | None, new: Batch | None) -> Batch | None:
     return stack(running, new)
 
 
-def keep(batch: Batch, kept: list[int]) -> Batch:
-    """The batch of rows `kept` only (their cache, mask, positions and logits)."""
+def keep(batch: Batch, kept: list[int]) -> tuple[Batch, list[int]]:
+    """The batch of rows `kept` only (their cache, mask, positions and logits), and the
+    order they now have (`compacted`): row i of the result was row `order[i]`."""
     if len(kept) == len(batch.rows):
-        return batch
-    index = torch.tensor(kept, dtype=torch.long, device=batch.logits.device)
+        return batch, kept
+    order = compacted(kept)
+    index = torch.tensor(order, dtype=torch.long, device=batch.logits.device)
     attention = batch.attention[index]
-    if kept:  # an emptied batch is dropped whole, cache included
-        batch.cache.batch_select_indices(index)
+    if order:  # an emptied batch is dropped whole, cache included
+        kv_cache.keep_rows(batch.cache, order)
         # Left padding no remaining row attends to is cut off the cache and the mask:
         # under a steady stream of requests the batch never drains, and without this
         # every step would attend over (and every join copy) all the padding so far.
@@ -219,13 +221,25 @@ def keep(batch: Batch, kept: list[int]) -> Batch:
         if unused:
             kv_cache.trim_left(batch.cache, unused)
             attention = attention[:, unused:]
-    return Batch(
-        [batch.rows[i] for i in kept],
+    kept_batch = Batch(
+        [batch.rows[i] for i in order],
         batch.cache,
         attention,
         batch.next_position[index],
         batch.logits[index],
     )
+    return kept_batch, order
+
+
+def compacted(kept: list[int]) -> list[int]:
+    """The rows `kept` (ascending) in an order that moves the fewest rows of the cache:
+    a kept row among the first `len(kept)` stays where it is, and each place a leaving
+    row frees there takes a kept row from below them. One row finishing in a batch of 32
+    moves one row's keys and values, not 31 (a row's place in the batch means nothing)."""
+    count = len(kept)
+    staying = {i for i in kept if i < count}
+    movers = iter(i for i in kept if i >= count)
+    return [i if i in staying else next(movers) for i in range(count)]
 
 
 def stack(top: Batch, bottom: Batch) -> Batch:
@@ -253,4 +267,4 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:
     return F.pad(tensor, padding)
 
 
-__all__ = ["Batch", "BatchDecoder", "join", "keep", "stack"]
+__all__ = ["Batch", "BatchDecoder", "compacted", "join", "keep", "stack"]

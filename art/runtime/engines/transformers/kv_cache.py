@@ -6,6 +6,12 @@ CPU cost a decode step more than its attention. `GrowingLayer` (a `DynamicLayer`
 extension point `Cache(layer_class_to_replicate=...)` takes) writes each token into
 spare room at the end of a buffer and hands attention a view of the filled part; the
 buffer is reallocated with room to spare only when it is full.
+
+The running batch changes its rows in place too: a finished row's place is taken by a
+row from below (`keep_rows`), and requests joining mid-flight are written into spare
+rows below the running ones (`join`), their left padding zeroed, so neither copies the
+rows that stay. Only a join that finds no room (rows, or positions to the left for a
+prompt longer than the running rows) copies the whole cache into a new buffer.
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 _SPARE_MIN = 64  # tokens of room added at least when a buffer is (re)allocated
+_SPARE_ROWS_MIN = 8  # rows of room added at least when a join reallocates
 
 
 class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
-    """One layer's keys and values: `keys`/`values` are views of `length` filled positions."""
+    """One layer's keys and values: `keys`/`values` are views of the first `rows` rows'
+    filled positions, `start` to `length`, of buffers with room for more of both."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # type: ignore[no-untyped-call]
-        self._key_buffer = torch.empty(0)
+        self._key_buffer = torch.empty(0)  # [row room, kv heads, position room, head dim]
         self._value_buffer = torch.empty(0)
+        self.rows = 0  # rows in use: the first of the buffers'
         self.start = 0  # positions before it were trimmed off (padding no row attends to)
         self.length = 0  # positions written; keys/values are [start:length] of the buffers
 
@@ -39,22 +48,44 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
+        if not self.length:
+            self.rows = key_states.shape[0]
         self._reserve(self.length + new, key_states, value_states)
-        self._key_buffer[:, :, self.length : self.length + new].copy_(key_states)
-        self._value_buffer[:, :, self.length : self.length + new].copy_(value_states)
+        rows = self.rows
+        self._key_buffer[:rows, :, self.length : self.length + new].copy_(key_states)
+        self._value_buffer[:rows, :, self.length : self.length + new].copy_(value_states)
         self._set_length(self.length + new)
         return self._filled(keys=True), self._filled(keys=False)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.length:
-            self._key_buffer = self._key_buffer[indices]
-            self._value_buffer = self._value_buffer[indices]
+            self._key_buffer = self._key_buffer[: self.rows][indices]
+            self._value_buffer = self._value_buffer[: self.rows][indices]
+            self.rows = len(indices)
             self._set_length(self.length)
+
+    def keep_rows(self, order: list[int]) -> None:
+        """Keep the rows `order` (see `batch.compacted`): row i becomes row `order[i]`,
+        which is i itself or a row from below the kept ones, moved up into a leaving
+        row's place. Only the moved rows' filled positions are copied; the buffers keep
+        their room (`batch_select_indices` copies every kept row into new buffers)."""
+        if not self.length:
+            return
+        moves = [(i, source) for i, source in enumerate(order) if source != i]
+        if moves:
+            places = torch.tensor([i for i, _ in moves], device=self._key_buffer.device)
+            sources = torch.tensor([source for _, source in moves], device=places.device)
+            filled = slice(self.start, self.length)
+            for buffer in (self._key_buffer, self._value_buffer):
+                buffer[places, :, filled] = buffer[sources, :, filled]
+        self.rows = len(order)
+        self._set_length(self.length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.length:
-            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
-            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
+            self._key_buffer = self._key_buffer[: self.rows].repeat_interleave(repeats, dim=0)
+            self._value_buffer = self._value_buffer[: self.rows].repeat_interleave(repeats, dim=0)
+            self.rows *= repeats
             self._set_length(self.length)
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -69,11 +100,34 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = torch.empty(0)
-        self.start = self.length = 0
+        self.rows = self.start = self.length = 0
         super().reset()
 
     def join(self, other: GrowingLayer, length: int) -> None:
-        """Append `other`'s rows below this layer's, both left-padded to `length` positions."""
+        """Append `other`'s rows below this layer's, both left-padded to `length` positions.
+
+        In place where the buffers have the rows, and the positions on the left a longer
+        newcomer needs (trimmed padding): the newcomers are written into spare rows, and
+        the positions either side gains are zeroed (masked, but a masked weight of 0 times
+        an uninitialised NaN would still be NaN). Otherwise into new buffers, with spare
+        rows for the next joins."""
+        mine, theirs = self.length - self.start, other.length - other.start
+        rows, added = self.rows, other.rows
+        extra = length - mine  # positions the running rows gain on the left
+        buffer = self._key_buffer
+        if buffer.dim() == 4 and buffer.shape[0] >= rows + added and extra <= self.start:
+            self.start -= extra
+            for own, theirs_filled in (
+                (self._key_buffer, other._filled(keys=True)),
+                (self._value_buffer, other._filled(keys=False)),
+            ):
+                own[:rows, :, self.start : self.start + extra].zero_()
+                newcomers = own[rows : rows + added, :, self.start : self.length]
+                newcomers[:, :, : length - theirs].zero_()
+                newcomers[:, :, length - theirs :].copy_(theirs_filled)
+            self.rows = rows + added
+            self._set_length(self.length)
+            return
         keys = torch.cat(
             [
                 _left_pad(self._filled(keys=True), length),
@@ -87,29 +141,41 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             ]
         )
         self.start = self.length = 0
-        self._reserve(length, keys, values, fresh=True)
-        self._key_buffer[:, :, :length].copy_(keys)
-        self._value_buffer[:, :, :length].copy_(values)
+        self.rows = rows + added
+        spare_rows = max(_SPARE_ROWS_MIN, self.rows // 4)
+        self._reserve(length, keys, values, fresh=True, spare_rows=spare_rows)
+        self._key_buffer[: self.rows, :, :length].copy_(keys)
+        self._value_buffer[: self.rows, :, :length].copy_(values)
         self._set_length(length)
 
     def _reserve(
-        self, needed: int, keys: torch.Tensor, values: torch.Tensor, *, fresh: bool = False
+        self,
+        needed: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        fresh: bool = False,
+        spare_rows: int = 0,
     ) -> None:
-        """Room for `needed` positions of rows shaped like `keys`; `fresh` always reallocates."""
+        """Room for `needed` positions of `self.rows` rows shaped like `keys`, and
+        `spare_rows` more rows where it reallocates; `fresh` always reallocates. A
+        reallocation does not keep the old buffers' spare rows: after a wide batch has
+        dwindled to a few long rows, those would be held at every new length."""
         buffer = self._key_buffer
-        fits = buffer.dim() == 4 and buffer.shape[0] == keys.shape[0] and buffer.shape[2] >= needed
+        fits = buffer.dim() == 4 and buffer.shape[0] >= self.rows and buffer.shape[2] >= needed
         if fits and not fresh:
             return
         # A new buffer holds the kept positions from its start: trimmed ones are not copied.
         kept = self.length - self.start
         needed -= self.start
         capacity = needed + max(_SPARE_MIN, needed // 2)
-        rows, heads, _, head_dim = keys.shape
-        key_buffer = keys.new_empty((rows, heads, capacity, head_dim))
-        value_buffer = values.new_empty((rows, values.shape[1], capacity, values.shape[3]))
+        room = self.rows + spare_rows
+        _, heads, _, head_dim = keys.shape
+        key_buffer = keys.new_empty((room, heads, capacity, head_dim))
+        value_buffer = values.new_empty((room, values.shape[1], capacity, values.shape[3]))
         if kept:
-            key_buffer[:, :, :kept].copy_(self._filled(keys=True))
-            value_buffer[:, :, :kept].copy_(self._filled(keys=False))
+            key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
+            value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
         self.start, self.length = 0, kept
 
@@ -119,8 +185,9 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.values = self._filled(keys=False)
 
     def _filled(self, *, keys: bool) -> torch.Tensor:
-        """A view of the `length` filled positions of the key or value buffer."""
-        return (self._key_buffer if keys else self._value_buffer)[:, :, self.start : self.length]
+        """A view of the `rows` rows' `start:length` positions of the key or value buffer."""
+        buffer = self._key_buffer if keys else self._value_buffer
+        return buffer[: self.rows, :, self.start : self.length]
 
 
 def new_cache() -> Cache:
@@ -158,6 +225,13 @@ def join(running: Cache, new: Cache, length: int) -> None:
         running_layer.join(new_layer, length)
 
 
+def keep_rows(cache: Cache, order: list[int]) -> None:
+    """`GrowingLayer.keep_rows` on every layer."""
+    for layer in cache.layers:
+        assert isinstance(layer, GrowingLayer)
+        layer.keep_rows(order)
+
+
 def trim_left(cache: Cache, positions: int) -> None:
     """Drop the first `positions` cached positions of every layer (padding no row needs)."""
     for layer in cache.layers:
@@ -172,4 +246,12 @@ def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(tensor, [0, 0, missing, 0])  # (last dim: none), (positions: left)
 
 
-__all__ = ["GrowingLayer", "join", "new_cache", "row_prefix", "trim_left", "with_prefix"]
+__all__ = [
+    "GrowingLayer",
+    "join",
+    "keep_rows",
+    "new_cache",
+    "row_prefix",
+    "trim_left",
+    "with_prefix",
+]
