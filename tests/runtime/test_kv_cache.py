@@ -27,7 +27,7 @@ def test_kept_rows_hold_what_a_full_copy_of_them_would() -> None:
     for layer in (moved, copied):
         layer.update(keys, values)
         layer.trim_left(2)  # padding no row attends to, cut off
-    spare = moved._key_buffer.shape[2]
+    spare = moved.room[1]
     order = compacted([0, 1, 3, 4, 6, 7])
 
     moved.keep_rows(order)
@@ -36,7 +36,7 @@ def test_kept_rows_hold_what_a_full_copy_of_them_would() -> None:
     assert torch.equal(moved.keys, copied.keys)
     assert torch.equal(moved.values, copied.values)
     assert torch.equal(moved.keys, keys[order][:, :, 2:])
-    assert moved._key_buffer.shape[2] == spare  # its room to grow kept
+    assert moved.room[1] == spare  # its room to grow kept
     # And both grow alike from there: the next token's keys and values land after them.
     new_keys, new_values = tensor(6, 1), tensor(6, 1)
     for got, want in zip(
@@ -68,7 +68,7 @@ def test_joining_rows_are_written_into_the_room_left_by_leaving_ones() -> None:
     running.trim_left(3)
     running.keep_rows(compacted([0, 1, 2, 3, 4, 5]))  # two rows left: room for two
     want_keys, want_values = keys[:6, :, 3:], values[:6, :, 3:]
-    storage = running._key_buffer.data_ptr()
+    storage = running.keys.untyped_storage().data_ptr()
 
     short, short_keys, short_values = layer(1, 4)
     running.join(short, 6)
@@ -83,7 +83,7 @@ def test_joining_rows_are_written_into_the_room_left_by_leaving_ones() -> None:
     want_values = torch.cat([_padded(want_values, 8), longer_values])
     assert torch.equal(running.keys, want_keys)
     assert torch.equal(running.values, want_values)
-    assert running._key_buffer.data_ptr() == storage  # both joins in place
+    assert running.keys.untyped_storage().data_ptr() == storage  # both joins in place
 
     crowd, crowd_keys, crowd_values = layer(3, 5)  # no room for 3 more rows
     running.join(crowd, 8)
@@ -91,8 +91,8 @@ def test_joining_rows_are_written_into_the_room_left_by_leaving_ones() -> None:
     want_values = torch.cat([want_values, _padded(crowd_values, 8)])
     assert torch.equal(running.keys, want_keys)
     assert torch.equal(running.values, want_values)
-    assert running._key_buffer.data_ptr() != storage
-    assert running._key_buffer.shape[0] > running.rows  # room left for the next joins
+    assert running.keys.untyped_storage().data_ptr() != storage
+    assert running.room[0] > running.rows  # room left for the next joins
 
 
 def test_a_dwindled_batch_growing_does_not_keep_the_rows_that_left() -> None:
@@ -101,10 +101,10 @@ def test_a_dwindled_batch_growing_does_not_keep_the_rows_that_left() -> None:
     layer = GrowingLayer()
     layer.update(torch.zeros(8, 2, 4, 4), torch.zeros(8, 2, 4, 4))
     layer.keep_rows(compacted([3]))
-    assert layer._key_buffer.shape[0] == 8  # left in place: nothing copied
-    room = layer._key_buffer.shape[2]
+    assert layer.room[0] == 8  # left in place: nothing copied
+    room = layer.room[1]
     for _ in range(room):  # past the buffers' room: they are reallocated
         layer.update(torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
-    assert layer._key_buffer.shape[0] == layer.rows == 1
+    assert layer.room[0] == layer.rows == 1
     assert layer.keys.shape == (1, 2, 4 + room, 4)
     assert float(layer.keys[:, :, 4:].min()) == 1.0

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 
 _SPARE_MIN = 64  # tokens of room added at least when a buffer is (re)allocated
@@ -103,50 +102,48 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.rows = self.start = self.length = 0
         super().reset()
 
+    @property
+    def room(self) -> tuple[int, int]:
+        """Rows and positions the buffers hold before they must be reallocated."""
+        buffer = self._key_buffer
+        return (buffer.shape[0], buffer.shape[2]) if buffer.dim() == 4 else (0, 0)
+
     def join(self, other: GrowingLayer, length: int) -> None:
         """Append `other`'s rows below this layer's, both left-padded to `length` positions.
 
         In place where the buffers have the rows, and the positions on the left a longer
-        newcomer needs (trimmed padding): the newcomers are written into spare rows, and
-        the positions either side gains are zeroed (masked, but a masked weight of 0 times
-        an uninitialised NaN would still be NaN). Otherwise into new buffers, with spare
-        rows for the next joins."""
-        mine, theirs = self.length - self.start, other.length - other.start
+        newcomer needs (trimmed padding): the newcomers are written into spare rows.
+        Otherwise both are written into new buffers, with spare rows for the next joins.
+        Either way each side's left padding is zeroed (masked, but a masked weight of 0
+        times an uninitialised NaN would still be NaN) and nothing is copied twice."""
+        mine = self.length - self.start
         rows, added = self.rows, other.rows
         extra = length - mine  # positions the running rows gain on the left
-        buffer = self._key_buffer
-        if buffer.dim() == 4 and buffer.shape[0] >= rows + added and extra <= self.start:
+        parts = [
+            (self._filled(keys=True), other._filled(keys=True)),
+            (self._filled(keys=False), other._filled(keys=False)),
+        ]
+        in_place = self.room[0] >= rows + added and extra <= self.start
+        if in_place:
             self.start -= extra
-            for own, theirs_filled in (
-                (self._key_buffer, other._filled(keys=True)),
-                (self._value_buffer, other._filled(keys=False)),
-            ):
-                own[:rows, :, self.start : self.start + extra].zero_()
-                newcomers = own[rows : rows + added, :, self.start : self.length]
-                newcomers[:, :, : length - theirs].zero_()
-                newcomers[:, :, length - theirs :].copy_(theirs_filled)
+        else:
+            self.start = self.length = 0
             self.rows = rows + added
-            self._set_length(self.length)
-            return
-        keys = torch.cat(
-            [
-                _left_pad(self._filled(keys=True), length),
-                _left_pad(other._filled(keys=True), length),
-            ]
-        )
-        values = torch.cat(
-            [
-                _left_pad(self._filled(keys=False), length),
-                _left_pad(other._filled(keys=False), length),
-            ]
-        )
-        self.start = self.length = 0
+            spare_rows = max(_SPARE_ROWS_MIN, self.rows // 4)
+            self._reserve(length, parts[0][1], parts[1][1], fresh=True, spare_rows=spare_rows)
+            self.length = length
+        end = self.length
+        for own, (running, newcomers) in zip(
+            (self._key_buffer, self._value_buffer), parts, strict=True
+        ):
+            window = own[:, :, end - length : end]
+            if in_place:  # the running rows are where they were, but for the positions gained
+                window[:rows, :, :extra].zero_()
+            else:
+                _write_left_padded(window[:rows], running)
+            _write_left_padded(window[rows : rows + added], newcomers)
         self.rows = rows + added
-        spare_rows = max(_SPARE_ROWS_MIN, self.rows // 4)
-        self._reserve(length, keys, values, fresh=True, spare_rows=spare_rows)
-        self._key_buffer[: self.rows, :, :length].copy_(keys)
-        self._value_buffer[: self.rows, :, :length].copy_(values)
-        self._set_length(length)
+        self._set_length(end)
 
     def _reserve(
         self,
@@ -239,11 +236,11 @@ def trim_left(cache: Cache, positions: int) -> None:
         layer.trim_left(positions)
 
 
-def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - tensor.shape[2]
-    if missing == 0:
-        return tensor
-    return F.pad(tensor, [0, 0, missing, 0])  # (last dim: none), (positions: left)
+def _write_left_padded(target: torch.Tensor, source: torch.Tensor) -> None:
+    """`source` into the last positions of `target` (dim 2), zeros before it."""
+    padding = target.shape[2] - source.shape[2]
+    target[:, :, :padding].zero_()
+    target[:, :, padding:].copy_(source)
 
 
 __all__ = [
