@@ -137,6 +137,16 @@ class ModelStore:
         steps = self.checkpoint_steps()
         return steps[-1] if steps else 0
 
+    def delete(self) -> None:
+        """Remove the model's directory: renamed to a hidden name first, so it is gone from
+        view at once even if the removal is cut off (listings skip hidden entries)."""
+        if not self.dir.exists():
+            return
+        doomed = self.dir.with_name(f".{self.dir.name}.deleting")
+        shutil.rmtree(doomed, ignore_errors=True)  # left by a removal cut off before
+        self.dir.rename(doomed)
+        shutil.rmtree(doomed)
+
     def delete_checkpoints(self, keep: set[int]) -> list[int]:
         """Delete every checkpoint whose step is not in `keep`; return the deleted steps."""
         deleted = [step for step in self.checkpoint_steps() if step not in keep]

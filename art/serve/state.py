@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,9 +331,7 @@ class ArtServer:
                         del self.jobs[job.id]
                 for job in doomed_jobs:
                     job.forget()
-                doomed = store.dir.with_name(f".{store.dir.name}.deleting")
-                store.dir.rename(doomed)  # gone from view at once, even if rmtree is cut off
-                shutil.rmtree(doomed)
+                store.delete()
             with self.lock(f"{model_id}/uploads"):
                 self.uploads.delete_all(model_id)
         finally:

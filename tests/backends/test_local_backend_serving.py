@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, NotFoundError
 
 import art
 from art.local import LocalBackend
@@ -389,6 +389,38 @@ async def test_a_step_without_reward_variance_trains_nothing_but_advances(
     )
     assert row["data/step_loss_bearing_tokens"] == 0
     assert row["data/step_num_groups_trainable"] == 0
+
+
+async def test_a_deleted_model_is_unloaded_its_files_removed_and_its_name_starts_afresh(
+    backend: LocalBackend, backend_path: Path
+) -> None:
+    model = art.TrainableModel(name="doomed", project="serving", base_model=BASE)
+    await model.register(backend)
+    client = model.openai_client()
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup(rollout(model, client, "stone") for _ in range(2))], pbar_desc=None
+    )
+    await model.train(groups)  # a step: a checkpoint, history and a writer lock to remove
+    assert await model.get_step() == 1
+    directory = backend_path / "serving" / "models" / "doomed"
+    assert (directory / "checkpoints" / "0001").is_dir()
+
+    await backend.delete(model)
+    assert not directory.exists()
+    assert [p.name for p in directory.parent.iterdir() if "doomed" in p.name] == []
+    with pytest.raises(NotFoundError):  # no longer served, under any step
+        await client.chat.completions.create(
+            model=model.get_inference_name(), messages=ask("Hi."), max_tokens=2
+        )
+    await backend.delete(model)  # nothing left to delete: a no-op
+
+    again = art.TrainableModel(name="doomed", project="serving", base_model=BASE)
+    await again.register(backend)
+    assert await again.get_step() == 0
+    answer = await again.openai_client().chat.completions.create(
+        model=again.get_inference_name(), messages=ask("Hi."), max_tokens=2
+    )
+    assert answer.choices[0].message.content is not None
 
 
 async def test_choices_without_sampled_ids_are_refused_before_anything_is_written(

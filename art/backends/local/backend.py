@@ -522,6 +522,17 @@ class LocalBackend:
                 self._service.forget_deleted_checkpoints, model.project, model.storage_name
             )
 
+    async def delete(self, model: Model) -> None:
+        """Delete the model: stop serving and training it (the memory its adapter held is
+        freed), then remove its files under `path`, as `ServerlessBackend.delete` does on
+        the server. The same name registered again starts afresh at step 0."""
+        async with self._lock(model):
+            key = f"{model.project}/{model.storage_name}"
+            if self._service is not None and key in self._served:
+                await asyncio.to_thread(self._service.unload, model.project, model.storage_name)
+            self._served.discard(key)
+            await asyncio.to_thread(self._store(model).delete)
+
     async def close(self) -> None:
         """Stop the model service (and its process); stored files stay."""
         if self._service is not None:

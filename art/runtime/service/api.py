@@ -57,6 +57,11 @@ class ServiceAPI(Protocol):
         """Stop serving checkpoints of the model whose directories were deleted."""
         ...
 
+    def unload(self, project: str, name: str) -> None:
+        """Stop serving and training the model: its adapter and checkpoints are unloaded;
+        requests still waiting for it fail (`AdapterGone`)."""
+        ...
+
     def close(self) -> None:
         """Stop serving and training; stored files stay."""
         ...
