@@ -159,7 +159,8 @@ async def main(
         print(f"step {step + 1}: reward {sum(rewards) / len(rewards):.2f}")
     # --8<-- [end:loop]
 
-    after = await held_out_reward(model, held_out, "after")
+    # Greedy answers from unchanged weights are the same answers: no second evaluation.
+    after = await held_out_reward(model, held_out, "after") if steps > start else before
     target = run_dir / "reward.png"
     plot(run_dir / "history.jsonl", start, before, after, target)
     await backend.close()
