@@ -431,8 +431,8 @@ def test_a_sequence_that_cannot_fit_fails_before_training(
 async def test_long_agent_trajectories_train_in_bounded_memory(
     tmp_path: Path, default_model: tuple[Any, Any]
 ) -> None:
-    """Agent trajectories with 2,048-token answers train in one step in the real model
-    service; a model whose budget cannot hold one sequence fails first, before anything is
+    """Agent trajectories with 2,048- and 1,024-token answers train in one step in the real
+    model service; a model whose budget cannot hold one sequence fails first, before anything is
     written, and the service goes on serving and training.
 
     Two trajectories: each sequence over 1,024 tokens is a checkpointed micro-batch of its
@@ -456,7 +456,14 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
     try:
         await starved.register(backend)
         await model.register(backend)
-        groups = [art.TrajectoryGroup(agent_trajectory(tokenizer, k, 2048) for k in range(2))]
+        # Lengths mixed, as an agent's are: the shorter one's activations, under the step's
+        # 4 MiB mmap threshold, kept 0.8 GiB on the heap until checkpointed micro-batches
+        # took 1 MiB (memory._LONG_ROWS_MMAP_THRESHOLD_BYTES).
+        groups = [
+            art.TrajectoryGroup(
+                agent_trajectory(tokenizer, k, answer) for k, answer in enumerate((2048, 1024))
+            )
+        ]
         checkpoint = path / "mem/models/starved/checkpoints/0000"
         saved = {f.name: f.read_bytes() for f in checkpoint.iterdir()}
 
@@ -473,14 +480,15 @@ async def test_long_agent_trajectories_train_in_bounded_memory(
         await backend.close()
     peak = row["train/peak_memory_gb"]
     print(
-        f"\n2 x 2048-token agent trajectories: {row['data/step_loss_bearing_tokens']:.0f} tokens, "
+        f"\n2,048- and 1,024-token agent answers: {row['data/step_loss_bearing_tokens']:.0f} "
+        "tokens, "
         f"peak memory of the model service {peak:.2f} GiB (estimated "
         f"{row['train/estimated_memory_gb']:.2f}), {row['train/micro_batches']:.0f} "
         f"micro-batches ({row['train/checkpointed_micro_batches']:.0f} checkpointed), "
         f"{row['time/step_backend_train_s']:.0f} s; this process's peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2:.2f} GiB"
     )
-    assert row["data/step_loss_bearing_tokens"] > 2 * 2048
+    assert row["data/step_loss_bearing_tokens"] > 2048 + 1024
     assert row["train/checkpointed_micro_batches"] == 2  # each sequence over 1024 tokens
     assert 0 < peak < 3.0
 
@@ -602,6 +610,53 @@ def test_the_mmap_threshold_stays_low_until_the_last_cpu_step_leaves() -> None:
         second.leave()
         assert _mapped_on_its_own() is not True  # decoding gets glibc's ceiling back
         assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
+def test_a_checkpointed_micro_batch_lowers_the_threshold_the_lowest_asked_for_applies() -> None:
+    """A long sequence's micro-batch asks for 1 MiB inside its step's 4 MiB; a step in
+    another thread keeps 4 MiB only once no checkpointed micro-batch is in progress."""
+    long_rows = 1024**2
+    with _steps(large_frees_returned(), large_frees_returned()) as (first, second):
+        assert memory.PROCESS_MEMORY.mmap_threshold == STEP_THRESHOLD
+        with _steps(memory.long_rows_returned()) as (checkpointed,):
+            assert memory.PROCESS_MEMORY.mmap_threshold == long_rows
+            first.leave()  # the other step ending does not raise it under this one
+            assert memory.PROCESS_MEMORY.mmap_threshold == long_rows
+            checkpointed.leave()
+        assert memory.PROCESS_MEMORY.mmap_threshold == STEP_THRESHOLD
+        second.leave()
+    assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
+
+
+@pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_step_trains_checkpointed_micro_batches_under_the_lower_threshold(
+    default_model: tuple[Any, Any], checkpointed: bool
+) -> None:
+    base, tokenizer = default_model
+    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
+    trainer = PeftTrainer(
+        model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(gradient_checkpointing=checkpointed),
+    )
+    seen: list[int | None] = []
+    handle = trainer._decoder.register_forward_hook(
+        lambda *_: seen.append(memory.PROCESS_MEMORY.mmap_threshold)
+    )
+    try:
+        metrics = trainer.step(
+            agent_groups(tokenizer, 4, 8), art.TrainConfig(), art.dev.TrainConfig()
+        )
+    finally:
+        handle.remove()
+    assert metrics["checkpointed_micro_batches"] == (
+        metrics["micro_batches"] if checkpointed else 0
+    )
+    assert set(seen) == {1024**2 if checkpointed else STEP_THRESHOLD}  # and not empty
+    assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2  # decoding's once it ends
 
 
 def _status_gib(field: str) -> float:

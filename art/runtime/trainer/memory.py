@@ -208,6 +208,15 @@ _M_MMAP_THRESHOLD = -3
 # than this, so they still leave the RSS at once; glibc's own ceiling (the heap for every
 # block under 32 MiB) kept 5.36 GiB resident on the same step.
 _MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
+# A checkpointed micro-batch (a sequence over CHECKPOINT_ABOVE_TOKENS) maps blocks of this
+# size or more on their own. At 4 MiB a ~1,100-token sequence's hidden states (2.5 MB each)
+# came from the heap, which kept them: a step on a 2,048- and a 1,024-token agent answer
+# peaked at 2.96 GiB against 2.14 with 1 MiB, two 2,048-token answers at 2.35 against 2.08,
+# in the same seconds (50 s and 71 s; default model, float32, 2 cores, 2026-11-29), and
+# `benchmarks/train_memory.py --settings 8x2048` at 1.99 GiB in 272 s (2.28 in 296). Rows
+# that are not checkpointed keep 4 MiB: eight ~520-token sequences took 30 s at 4 MiB and
+# 42 s at 1 MiB (peaks 3.70 and 2.72 GiB).
+_LONG_ROWS_MMAP_THRESHOLD_BYTES = 1024 * 1024
 # glibc's own ceiling for its dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
 _DECODING_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 
@@ -227,7 +236,8 @@ class ProcessMemory:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lowering = 0  # steps in progress inside `large_frees_returned`
+        # What each scope inside `large_frees_returned` asked for; the lowest applies.
+        self._lowering: list[int] = []
         self._measuring: dict[str, int] = {}  # steps in progress measuring a peak, by device
         self._threshold: int | None = None
 
@@ -238,7 +248,7 @@ class ProcessMemory:
         return self._threshold
 
     @contextlib.contextmanager
-    def large_frees_returned(self) -> Iterator[None]:
+    def large_frees_returned(self, threshold: int = _MMAP_THRESHOLD_BYTES) -> Iterator[None]:
         """While training on a CPU: freed activations leave the RSS at once (glibc).
 
         glibc raises its mmap threshold each time a large mmapped block is freed (up to 32
@@ -247,24 +257,27 @@ class ProcessMemory:
         layer had ever held: on the default model, 0.84 MB per token with gradient
         checkpointing against 0.17 MB of live tensors. Inside, every block of 4 MiB or
         more is its own mapping, unmapped when freed (`_MMAP_THRESHOLD_BYTES` says why not
-        less): a long sequence's activations. When the last step inside leaves,
-        the threshold is set to glibc's ceiling: a decode step's logits and temporaries
+        less): a long sequence's activations. A scope may ask for a lower `threshold` (a
+        checkpointed micro-batch: `long_rows_returned`); while scopes overlap, in one step
+        or in steps of several threads, the lowest asked for applies. When the last scope
+        leaves, the threshold is set to glibc's ceiling: a decode step's logits and temporaries
         (megabytes, every step) come from the heap again; mapping and faulting them in
         afresh each step cost the decode loop ~30% of its throughput at 32 rows (measured
         on the default model, 2 cores). Does nothing off glibc or when
         `MALLOC_MMAP_THRESHOLD_` is set.
         """
         with self._lock:
-            self._lowering += 1
-            if self._lowering == 1:
-                self._set_mmap_threshold(_MMAP_THRESHOLD_BYTES)
+            self._lowering.append(threshold)
+            self._apply()
         try:
             yield
         finally:
             with self._lock:
-                self._lowering -= 1
-                if self._lowering == 0:
-                    self._set_mmap_threshold(_DECODING_MMAP_THRESHOLD_BYTES)
+                self._lowering.remove(threshold)
+                self._apply()
+
+    def _apply(self) -> None:
+        self._set_mmap_threshold(min(self._lowering, default=_DECODING_MMAP_THRESHOLD_BYTES))
 
     def _set_mmap_threshold(self, value: int) -> None:
         libc = _glibc()
@@ -325,6 +338,12 @@ def release_free_memory() -> None:
 def large_frees_returned() -> contextlib.AbstractContextManager[None]:
     """`PROCESS_MEMORY.large_frees_returned()`: the low mmap threshold while a CPU step trains."""
     return PROCESS_MEMORY.large_frees_returned()
+
+
+def long_rows_returned() -> contextlib.AbstractContextManager[None]:
+    """The lower threshold of a checkpointed micro-batch, inside a step's
+    `large_frees_returned` (`_LONG_ROWS_MMAP_THRESHOLD_BYTES` says why)."""
+    return PROCESS_MEMORY.large_frees_returned(_LONG_ROWS_MMAP_THRESHOLD_BYTES)
 
 
 class PeakMemory:

@@ -42,6 +42,7 @@ from .memory import (
     PeakMemory,
     StepMemory,
     large_frees_returned,
+    long_rows_returned,
 )
 from .memory import budget as memory_budget
 from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
@@ -469,12 +470,18 @@ class PeftTrainer:
                     batch = MicroBatch.of(
                         chosen, advantages, self.device, share_prefixes=planned.shares_prefixes
                     )
-                    flat, entropy = self._logprobs(batch, memory.head_rows)
-                    value, terms = loss(batch, flat)
-                    # Each micro-batch's mean weighted by its share of the tokens: the sum
-                    # of the gradients is that of one token-level mean over the whole step.
-                    share = float(batch.mask.sum()) / tokens
-                    torch.autograd.backward(value * share)
+                    long_rows = (
+                        long_rows_returned()
+                        if lower and planned.checkpointed
+                        else contextlib.nullcontext()
+                    )
+                    with long_rows:
+                        flat, entropy = self._logprobs(batch, memory.head_rows)
+                        value, terms = loss(batch, flat)
+                        # Each micro-batch's mean weighted by its share of the tokens: the
+                        # sum of the gradients is one token-level mean's over the step.
+                        share = float(batch.mask.sum()) / tokens
+                        torch.autograd.backward(value * share)
                     sums["loss"] += float(value.detach()) * share
                     sums["entropy"] += float(entropy.sum()) / tokens
                     for name, term in terms.items():
