@@ -629,19 +629,30 @@ def test_a_checkpointed_micro_batch_lowers_the_threshold_the_lowest_asked_for_ap
     assert memory.PROCESS_MEMORY.mmap_threshold == 32 * 1024**2
 
 
+def _trainer(
+    default_model: tuple[Any, Any],
+    trainer_args: art.dev.TrainerArgs,
+    *,
+    overlaps_decoding: bool = False,
+) -> PeftTrainer:
+    """A trainer of a fresh adapter on a copy of the default model."""
+    base, tokenizer = default_model
+    return PeftTrainer(
+        create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0),
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=trainer_args,
+        overlaps_decoding=overlaps_decoding,
+    )
+
+
 @pytest.mark.skipif(_LIBC is None, reason="glibc's mmap threshold (with mallinfo2) only")
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_a_step_trains_checkpointed_micro_batches_under_the_lower_threshold(
     default_model: tuple[Any, Any], checkpointed: bool
 ) -> None:
-    base, tokenizer = default_model
-    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
-    trainer = PeftTrainer(
-        model,
-        tokenizer,
-        init_args=art.dev.InitArgs(),
-        trainer_args=art.dev.TrainerArgs(gradient_checkpointing=checkpointed),
-    )
+    _, tokenizer = default_model
+    trainer = _trainer(default_model, art.dev.TrainerArgs(gradient_checkpointing=checkpointed))
     seen: list[int | None] = []
     handle = trainer._decoder.register_forward_hook(
         lambda *_: seen.append(memory.PROCESS_MEMORY.mmap_threshold)
@@ -705,15 +716,8 @@ def test_a_trainer_overlapping_decoding_leaves_the_threshold_alone(
 ) -> None:
     """In dedicated mode on the CPU the engine decodes while the step trains: the
     trainer told so does not lower the process's threshold under the decode loop."""
-    base, tokenizer = default_model
-    model = create_peft_model(copy.deepcopy(base), PEFT_ARGS, seed=0)
-    trainer = PeftTrainer(
-        model,
-        tokenizer,
-        init_args=art.dev.InitArgs(),
-        trainer_args=art.dev.TrainerArgs(),
-        overlaps_decoding=overlaps_decoding,
-    )
+    _, tokenizer = default_model
+    trainer = _trainer(default_model, art.dev.TrainerArgs(), overlaps_decoding=overlaps_decoding)
     with large_frees_returned():  # from here on the threshold is the decoding one, 32 MiB
         pass
     seen: list[tuple[int | None, bool | None]] = []
