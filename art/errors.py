@@ -29,13 +29,13 @@ from .core.errors import (
 )
 
 if TYPE_CHECKING:
-    from .core.s3 import ForbiddenBucketCreationError as ForbiddenBucketCreationError
+    from .core.s3_client import ForbiddenBucketCreationError as ForbiddenBucketCreationError
 
 
 def __getattr__(name: str) -> Any:
-    # art.core.s3 holds the S3 code: loaded only when its error is asked for.
+    # art.core.s3_client holds the S3 errors: loaded only when its error is asked for.
     if name == "ForbiddenBucketCreationError":
-        from .core.s3 import ForbiddenBucketCreationError
+        from .core.s3_client import ForbiddenBucketCreationError
 
         return ForbiddenBucketCreationError
     raise AttributeError(f"module 'art.errors' has no attribute {name!r}")

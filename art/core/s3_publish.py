@@ -22,18 +22,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from .s3 import (
-    S3Client,
-    S3SyncError,
-    _boto_errors,
-    _changed,
-    _delete_keys,
-    _Entry,
-    _error,
-    _list_local,
-    _list_s3,
-    _upload,
-)
+from .s3_client import S3Client, S3SyncError, boto_errors, s3_error
+from .s3_sync import Entry, changed, delete_keys, list_local, list_s3, upload
 
 MARKERS = ".art-complete"
 """The folder, under a model's key, of its checkpoints' completion markers."""
@@ -59,7 +49,7 @@ def _marker_key(model_key: str, step: int) -> str:
 def marked_steps(s3: S3Client, bucket: str, model_key: str) -> set[int] | None:
     """The steps with a completion marker; None where the model has no markers at all
     (written by ART: every checkpoint counts)."""
-    names = _list_s3(s3, bucket, f"{model_key}/{MARKERS}")
+    names = list_s3(s3, bucket, f"{model_key}/{MARKERS}")
     if not names:
         return None
     return {int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()}
@@ -103,15 +93,15 @@ def unpublished_error(uri: str, step: int, bucket: str, model_key: str) -> S3Syn
 def _put_json(s3: S3Client, bucket: str, key: str, body: object) -> None:
     try:
         s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(body, sort_keys=True).encode())
-    except _boto_errors() as error:
-        raise _error(error, bucket=bucket, key=key, doing="writing") from error
+    except boto_errors() as error:
+        raise s3_error(error, bucket=bucket, key=key, doing="writing") from error
 
 
 def _publish(s3: S3Client, bucket: str, model_key: str, step: int, files: dict[str, int]) -> None:
     _put_json(s3, bucket, _marker_key(model_key, step), {"step": step, "files": files})
 
 
-def _manifest(entries: dict[str, _Entry], step: int) -> dict[str, int]:
+def _manifest(entries: dict[str, Entry], step: int) -> dict[str, int]:
     prefix = f"checkpoints/{step:04d}/"
     return {k[len(prefix) :]: v.size for k, v in entries.items() if k.startswith(prefix)}
 
@@ -133,10 +123,10 @@ def push_published(
     model's other files (model.json, history, trajectories); then, with `delete`, what
     the bucket holds and `local` does not (a checkpoint's marker before its files).
     """
-    files = {k: v for k, v in _list_local(local).items() if keep(k)}
-    remote = {k: v for k, v in _list_s3(s3, bucket, model_key).items() if keep(k)}
+    files = {k: v for k, v in list_local(local).items() if keep(k)}
+    remote = {k: v for k, v in list_s3(s3, bucket, model_key).items() if keep(k)}
     root = f"{model_key}/"
-    todo = [k for k, entry in files.items() if _changed(entry, remote.get(k))]
+    todo = [k for k, entry in files.items() if changed(entry, remote.get(k))]
     doomed = [k for k in remote if k not in files] if delete else []
     local_steps = {s for s in map(_step_of, files) if s is not None}
     remote_steps = {s for s in map(_step_of, remote) if s is not None}
@@ -151,20 +141,20 @@ def push_published(
 
     for step in sorted(touched | (local_steps - marked)):
         if step in marked:
-            _delete_keys(s3, bucket, [_marker_key(model_key, step)], verbose)
+            delete_keys(s3, bucket, [_marker_key(model_key, step)], verbose)
         for relative in sorted(k for k in todo if _step_of(k) == step):
-            _upload(s3, local / relative, bucket, root + relative, verbose)
-        _delete_keys(s3, bucket, [root + k for k in doomed if _step_of(k) == step], verbose)
+            upload(s3, local / relative, bucket, root + relative, verbose)
+        delete_keys(s3, bucket, [root + k for k in doomed if _step_of(k) == step], verbose)
         if step in local_steps:
             _publish(s3, bucket, model_key, step, _manifest(files, step))
     for relative in sorted(k for k in todo if _step_of(k) is None):
-        _upload(s3, local / relative, bucket, root + relative, verbose)
-    _delete_keys(s3, bucket, [root + k for k in doomed if _step_of(k) is None], verbose)
+        upload(s3, local / relative, bucket, root + relative, verbose)
+    delete_keys(s3, bucket, [root + k for k in doomed if _step_of(k) is None], verbose)
     return len(todo)
 
 
 def mark_migrated(
-    s3: S3Client, bucket: str, model_key: str, step: int, entries: dict[str, _Entry]
+    s3: S3Client, bucket: str, model_key: str, step: int, entries: dict[str, Entry]
 ) -> None:
     """Publish checkpoint `step` just moved to the new layout, where the model uses
     markers (`entries`: its files, relative to the checkpoint)."""
