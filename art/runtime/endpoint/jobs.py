@@ -27,7 +27,7 @@ from .request import ApiError, ChatCompletionRequest, log_rejected, read_body
 from .response import Job, Route
 
 if TYPE_CHECKING:
-    from .server import Router
+    from .response import Router
 
 DEFAULT_MAX_TOKENS = 2048  # when a request sets none: a small model can ramble for a long time
 

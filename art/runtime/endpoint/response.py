@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..chat_format import ChatRendering, parse_tool_calls, tool_call
 from ..engines.base import Engine, Sample, SamplingParams
@@ -58,6 +58,20 @@ class Job:
     @property
     def parse_tools(self) -> bool:
         return bool(self.tool_names)
+
+
+class Router(Protocol):
+    """Maps model names to routes (the model service is one)."""
+
+    def route(self, model: str) -> Route:
+        """The route for `model`; KeyError with a message naming what exists if none."""
+        ...
+
+    def model_names(self) -> list[str]: ...
+
+    def longest_context(self) -> int:
+        """The longest context (in tokens) of the models served; it bounds a request body."""
+        ...
 
 
 def assistant_message(

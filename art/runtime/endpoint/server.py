@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,22 +45,8 @@ from .request import (
     read_body,
     validation_error,
 )
-from .response import Route, completion
+from .response import Route, Router, completion
 from .responses import add_responses_route
-
-
-class Router(Protocol):
-    """Maps model names to routes (the model service is one)."""
-
-    def route(self, model: str) -> Route:
-        """The route for `model`; KeyError with a message naming what exists if none."""
-        ...
-
-    def model_names(self) -> list[str]: ...
-
-    def longest_context(self) -> int:
-        """The longest context (in tokens) of the models served; it bounds a request body."""
-        ...
 
 
 def build_app(router: Router, api_key: str | None, *, tokens_as_ids: bool = False) -> FastAPI:

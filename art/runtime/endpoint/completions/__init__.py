@@ -31,7 +31,7 @@ from .request import CompletionRequest, Prompt, parse_completion_request, prepar
 from .stream import stream
 
 if TYPE_CHECKING:
-    from ..server import Router
+    from ..response import Router
 
 
 def add_completions_route(

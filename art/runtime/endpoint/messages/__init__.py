@@ -29,7 +29,7 @@ from .request import MessagesRequest
 from .stream import stream
 
 if TYPE_CHECKING:
-    from ..server import Router
+    from ..response import Router
 
 
 def add_messages_route(app: FastAPI, router: Router, max_body_bytes: Callable[[], int]) -> None:

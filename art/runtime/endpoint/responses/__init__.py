@@ -34,7 +34,7 @@ from .store import STORED_RESPONSES, ResponseStore, StoredResponse
 from .stream import stream
 
 if TYPE_CHECKING:
-    from ..server import Router
+    from ..response import Router
 
 
 def add_responses_route(app: FastAPI, router: Router, max_body_bytes: Callable[[], int]) -> None:
