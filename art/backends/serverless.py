@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json as json_module
 import os
-import re
 import tempfile
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
@@ -57,10 +56,9 @@ from ..core.train_options import ServerlessTrainKeywords, serverless_train_optio
 from ..core.training import run_step
 from ..core.trajectories import Trajectory, TrajectoryGroup
 from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
+from ..core.wandb_names import STEP_SEPARATOR, inference_name, parse_inference_name
 
 DEFAULT_BASE_URL = "https://api.training.wandb.ai/v1"
-INFERENCE_PREFIX = "wandb-artifact:///"
-STEP_SEPARATOR = ":step"
 _POLL_SECONDS = 20.0  # how long one events request waits on `art serve` for news
 _RETRY_STATUSES = (502, 503, 504)
 _PAGE_LIMIT = 100
@@ -69,25 +67,6 @@ _EXPERIMENTAL = "experimental_config."
 _VALUE_ERRORS: dict[str, type[ArtValueError]] = {
     cls.__name__: cls for cls in (ArtValueError, ConfigError, TrajectoryValidationError)
 }
-_INFERENCE_NAME = re.compile(
-    r"^wandb-artifact:///(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<name>[^/:@]+)"
-    r"(?::step(?P<step>[0-9]{1,18}))?$"
-)
-
-
-def inference_name(entity: str, project: str, name: str, step: int | None = None) -> str:
-    """The `model` a checkpoint is served as: W&B's artifact name."""
-    base = f"{INFERENCE_PREFIX}{entity}/{project}/{name}"
-    return base if step is None else f"{base}{STEP_SEPARATOR}{step}"
-
-
-def parse_inference_name(model: str) -> tuple[str, str, str, int | None] | None:
-    """(entity, project, name, step or None) of a W&B artifact name; None for other names."""
-    match = _INFERENCE_NAME.match(model)
-    if match is None:
-        return None
-    step = match["step"]
-    return match["entity"], match["project"], match["name"], None if step is None else int(step)
 
 
 class ServerlessBackend:
