@@ -9,13 +9,12 @@ from .core.api_costs import (
     CostUnavailableError,
     P,
     R,
-    ResponseGetter,
     TokenPricing,
     extract_api_cost,
     normalize_model_name,
     normalize_provider,
-    track_api_cost,
 )
+from .core.cost_tracking import ResponseGetter, track_api_cost
 from .core.costs import get_model_pricing, tokens_to_cost
 
 __all__ = [

@@ -15,6 +15,7 @@ listing it in `_COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ipaddress
 import json
@@ -230,9 +231,7 @@ def _run(args: argparse.Namespace) -> int:
         _serve_http(app, args.host, args.port)
     finally:
         app.state.listeners.close()
-        backend = app.state.backend
-        if backend._service is not None:
-            backend._service.close()
+        asyncio.run(app.state.backend.close())
     return 0
 
 

@@ -1,5 +1,5 @@
 """ART's `art.metrics` import path: `MetricsBuilder` and `track_api_cost` (see
-`art.core.metrics_builder` and `art.core.api_costs`)."""
+`art.core.metrics_builder` and `art.core.cost_tracking`)."""
 
 from .core.api_costs import (
     CostExtractor,
@@ -7,8 +7,8 @@ from .core.api_costs import (
     extract_api_cost,
     normalize_model_name,
     normalize_provider,
-    track_api_cost,
 )
+from .core.cost_tracking import track_api_cost
 from .core.metrics_builder import (
     PIPELINE_RL_DASHBOARD_DEFAULT_METRICS,
     PIPELINE_RL_METRIC_DEFINITIONS,

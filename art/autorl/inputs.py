@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.api_costs import CostUnavailableError, load_litellm, record_api_cost
+from ..core.api_costs import CostUnavailableError, load_litellm
 from ..core.arguments import check_at_least
+from ..core.cost_tracking import record_api_cost
 from ..core.errors import ArtError, ConfigError
 
 # The generator's calls are costed as `costs/<context>/autorl/inputs` (ART's scheme).

@@ -1,4 +1,4 @@
-"""What a hosted-API call cost, read from its response, and `track_api_cost` to record it.
+"""What a hosted-API call cost, read from its response (`art.core.cost_tracking` records it).
 
 ART's `art.api_costs`. The cost of one response is, in order:
 
@@ -23,12 +23,10 @@ log of that split.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import wraps
-from inspect import iscoroutinefunction
 from types import ModuleType
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar
 
 from .costs import get_model_pricing, tokens_to_cost
 from .errors import ArtValueError
@@ -41,8 +39,6 @@ R = TypeVar("R")
 
 CostExtractor = Callable[[Any], float | None]
 """Reads a response's cost in US dollars, or None to fall back to token pricing."""
-ResponseGetter = Callable[[Any], Any]
-"""Picks the API response out of what a `track_api_cost` function returns."""
 
 _RESPONSE_COST_HEADER = "llm_provider-x-litellm-response-cost"
 
@@ -299,108 +295,16 @@ def extract_api_cost(
     return cost
 
 
-def record_api_cost(
-    source: str,
-    response: Any,
-    *,
-    provider: str,
-    model_name: str,
-    **price_overrides: float | None,
-) -> float | None:
-    """Record `response`'s cost as `costs/<context>/<source>` in the active
-    `MetricsBuilder`, if one is active, and return it (None where nothing is active).
-
-    Raises `CostUnavailableError` where the call cannot be priced.
-    """
-    from .metrics_builder import MetricsBuilder
-
-    try:
-        builder = MetricsBuilder.get_active()
-    except LookupError:
-        return None
-    return builder.add_response_cost(
-        source, response, provider=provider, model_name=model_name, **price_overrides
-    )
-
-
-def track_api_cost(
-    *,
-    source: str,
-    provider: str,
-    model_name: str,
-    response_getter: ResponseGetter | None = None,
-    prompt_price_per_million: float | None = None,
-    completion_price_per_million: float | None = None,
-    cached_prompt_price_per_million: float | None = None,
-    cache_creation_price_per_million: float | None = None,
-    cache_read_price_per_million: float | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorate a function (sync or async) that calls an API, so that each response's cost
-    is recorded as `costs/<context>/<source>` in the active `MetricsBuilder`.
-
-    `response_getter` picks the response out of the function's result (default: the
-    result). Outside an active metrics context nothing is recorded; inside one, a
-    response nothing can price raises `CostUnavailableError` after the call.
-    """
-    normalized_source = source.strip("/")
-    if not normalized_source:
-        raise ArtValueError("source", "is empty", "Name the cost's source, e.g. 'judge/ruler'")
-    provider_name = normalize_provider(provider)
-    if provider_name is None:
-        raise ArtValueError("provider", "is empty", "Name the API's provider, e.g. 'openai'")
-    name = normalize_model_name(model_name)
-    if name is None:
-        raise ArtValueError("model_name", "is empty", "Name the model, e.g. 'openai/gpt-4.1'")
-    overrides = {
-        "prompt_price_per_million": prompt_price_per_million,
-        "completion_price_per_million": completion_price_per_million,
-        "cached_prompt_price_per_million": cached_prompt_price_per_million,
-        "cache_creation_price_per_million": cache_creation_price_per_million,
-        "cache_read_price_per_million": cache_read_price_per_million,
-    }
-
-    def record(result: Any) -> None:
-        response = response_getter(result) if response_getter is not None else result
-        record_api_cost(
-            normalized_source, response, provider=provider_name, model_name=name, **overrides
-        )
-
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        if iscoroutinefunction(func):
-            coroutine_function = cast(Callable[P, Awaitable[Any]], func)
-
-            @wraps(func)
-            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                result = await coroutine_function(*args, **kwargs)
-                record(result)
-                return result
-
-            return cast(Callable[P, R], async_wrapper)
-
-        @wraps(func)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            result = func(*args, **kwargs)
-            record(result)
-            return result
-
-        return wrapper
-
-    return decorate
-
-
 __all__ = [
     "ANTHROPIC_PROVIDER",
     "MODEL_TOKEN_PRICING",
     "OPENAI_PROVIDER",
     "CostExtractor",
     "CostUnavailableError",
-    "ResponseGetter",
     "TokenPricing",
     "default_token_pricing",
     "extract_api_cost",
     "load_litellm",
     "normalize_model_name",
     "normalize_provider",
-    "record_api_cost",
-    "track_api_cost",
 ]

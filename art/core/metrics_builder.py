@@ -39,7 +39,6 @@ from .api_costs import (
     extract_api_cost,
     normalize_model_name,
     normalize_provider,
-    track_api_cost,
 )
 from .errors import ArtValueError
 
@@ -767,7 +766,7 @@ class MetricsBuilder:
             self._shared.scenario_ids.update(scenario_ids)
             self._shared.pending.clear()
 
-    def _continue_totals(self, state: dict[str, Any]) -> bool:
+    def continue_totals(self, state: dict[str, Any]) -> bool:
         """Take `state_dict()`'s running totals and scenario ids where this builder has
         none yet (a new process continuing a run); what is pending is kept. Returns
         whether it took them."""
@@ -835,5 +834,4 @@ __all__ = [
     "is_builder_managed_metric",
     "is_cumulative_metric_key",
     "to_cumulative_metric_key",
-    "track_api_cost",
 ]

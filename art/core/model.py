@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import re
-import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,8 +29,9 @@ from .history_keys import batch_keys, qualify_metric_key, user_metric_keys
 from .log_checks import check_metrics, check_split
 from .metrics import group_costs, group_metrics
 from .metrics_builder import MetricsBuilder
-from .model_store import METRICS_BUILDER_STATE_KEY, ModelStore
+from .model_store import ModelStore
 from .protocol_backend import ProtocolBackend
+from .step_ledger import StepLedger
 from .training import record, run_sft, run_step
 from .trajectories import Trajectory, TrajectoryGroup
 from .types import TrainConfig, TrainSFTConfig
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 # Names become directory names, and '@' separates a model from a step in inference names.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
-# Serializes state.json writes in this process (a lock per model would not pickle).
-_STATE_WRITES = threading.Lock()
 
 
 class Model(ConfigModel):
@@ -73,17 +72,12 @@ class Model(ConfigModel):
     # model's `log`, a backend of ART's protocol): `<base_path>/<project>/models/<name>/`.
     base_path: str = ".art"
 
-    _backend: Backend | None = PrivateAttr(default=None)
+    # The backend it was registered with, its metrics builder, its step timing.
+    _ledger: StepLedger = PrivateAttr(default_factory=StepLedger)
     _openai_client: AsyncOpenAI | None = PrivateAttr(default=None)
     _step_separator: str = PrivateAttr(default="@")
     _http_transport: Any = PrivateAttr(default=None)  # the backend's, for the OpenAI client
     _wandb_config: dict[str, Any] = PrivateAttr(default_factory=dict)  # update_wandb_config's
-    # The step's costs and builder metrics, flushed into the next history row of a split.
-    _metrics_builder: MetricsBuilder = PrivateAttr(
-        default_factory=lambda: MetricsBuilder(cost_context="train")
-    )
-    # Whether the builder's running totals stored with the model were read (once).
-    _metrics_state_read: bool = PrivateAttr(default=False)
 
     @field_validator("name", "project")
     @classmethod
@@ -141,10 +135,10 @@ class Model(ConfigModel):
                 "Use a dict of plain values, or a pydantic model's `.model_dump()`",
             ) from error
         endpoint = await driven.register(self)
-        self._backend = driven
+        self._ledger.backend = driven
         if endpoint is not None:
             self._use_endpoint(endpoint)
-        await asyncio.to_thread(self._read_metrics_state)
+        await asyncio.to_thread(self._ledger.read_totals, self.state_store())
 
     def _use_endpoint(self, endpoint: InferenceEndpoint) -> None:
         self.inference_base_url = endpoint.base_url
@@ -157,11 +151,11 @@ class Model(ConfigModel):
 
     def backend(self) -> Backend | Any:
         """The backend this model is registered with (the object given to `register`)."""
-        if self._backend is None:
+        if self._ledger.backend is None:
             raise ModelNotRegisteredError(self.name, "use a backend")
-        if isinstance(self._backend, ProtocolBackend):
-            return self._backend.driven
-        return self._backend
+        if isinstance(self._ledger.backend, ProtocolBackend):
+            return self._ledger.backend.driven
+        return self._ledger.backend
 
     def openai_client(self) -> AsyncOpenAI:
         """An `AsyncOpenAI` client for this model's endpoint (one per model, reused).
@@ -173,11 +167,11 @@ class Model(ConfigModel):
         if self._openai_client is not None:
             return self._openai_client
         if self.inference_base_url is None:
-            if self.trainable and self._backend is None:
+            if self.trainable and self._ledger.backend is None:
                 raise ModelNotRegisteredError(self.name, "give an OpenAI client")
             if self.trainable:
                 raise NotBuiltError(
-                    f"{type(self._backend).__name__} inference",
+                    f"{type(self._ledger.backend).__name__} inference",
                     "this backend stores the model's logs but does not serve it yet",
                 )
             raise ConfigError(
@@ -196,7 +190,7 @@ class Model(ConfigModel):
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
         transport = RecordingAsyncTransport(
             self._http_transport or httpx.AsyncHTTPTransport(limits=limits),
-            accepts=served_as(self._served_names),
+            accepts=served_as(self),
         )
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
@@ -215,14 +209,10 @@ class Model(ConfigModel):
         this model even where another project has a model of the same name; on the W&B
         Training API it is `wandb-artifact:///entity/project/name:step<step>`.
         """
-        if isinstance(self._backend, ProtocolBackend):
-            return self._backend.inference_name(self, step)
+        if isinstance(self._ledger.backend, ProtocolBackend):
+            return self._ledger.backend.inference_name(self, step)
         base = self.inference_model_name or self.name
         return base if step is None else f"{base}{self._step_separator}{step}"
-
-    def _served_names(self) -> set[str]:
-        """The `model` values that reach this model: its inference name and its plain name."""
-        return {self.get_inference_name(), self.name}
 
     def litellm_completion_params(self, step: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `litellm.acompletion` that reach this model.
@@ -244,11 +234,11 @@ class Model(ConfigModel):
 
     async def get_step(self) -> int:
         """The current training step (0 for a model that is not trained here)."""
-        if self._backend is None:
+        if self._ledger.backend is None:
             if self.trainable:
                 raise ModelNotRegisteredError(self.name, "report its step")
             return 0
-        return await self._backend.get_step(self)
+        return await self._ledger.backend.get_step(self)
 
     async def log(
         self,
@@ -264,15 +254,20 @@ class Model(ConfigModel):
         `history.jsonl` gets one row named as ART names it (`history_keys`): the averages
         under the split (`val/reward`, `val/exception_rate`, `val/group/<metric>`), the
         batch's counts as `val/data/step_*` (`data/step_*` for `train`), and each of
-        `metrics` under the split unless it names a section or split (`loss/...`). A model with no backend registered writes them under `base_path`, as
-        ART does (a trainable one then needs `step=`).
+        `metrics` under the split unless it names a section or split (`loss/...`). A model
+        with no backend registered writes them under `base_path`, as ART does (a trainable
+        one then needs `step=`). `metrics={}` alone logs what the model's metrics builder
+        holds for the split (its costs), and nothing if it holds nothing, as ART's does.
         """
         backend = self._log_backend()
         split = check_split(split)
         groups = [] if trajectories is None else coerce_groups(trajectories, "trajectories")
-        if not groups and not metrics:
+        if not groups and metrics is None:
             raise ConfigError(
-                "trajectories", "nothing to log", "Pass trajectory groups, metrics=, or both"
+                "trajectories",
+                "nothing to log",
+                "Pass trajectory groups, metrics=, or both (metrics={} logs what the model's "
+                "metrics builder holds, as ART's does)",
             )
         check_metrics(metrics or {})
         row = batch_keys(split, group_metrics(groups)) if groups else {}
@@ -282,7 +277,7 @@ class Model(ConfigModel):
                 costs[key] = costs.get(key, 0.0) + float(value)
             else:
                 row[qualify_metric_key(key, split)] = value
-        builder = self._metrics_builder_for_split(split)
+        builder = self._ledger.builder_for_split(split)
         for key, value in costs.items():
             builder.add_cost(key.removeprefix("costs/"), value)
         step = await self.get_step() if step is None else step
@@ -298,8 +293,8 @@ class Model(ConfigModel):
         at the `val` and `test` splits, any other context at the split of its name.
         """
         if cost_context is None:
-            return self._metrics_builder
-        return self._metrics_builder.for_cost_context(cost_context)
+            return self._ledger.builder
+        return self._ledger.builder.for_cost_context(cost_context)
 
     def activate_metrics_context(self, cost_context: str) -> Token[MetricsBuilder]:
         """Record API costs (RULER's judge, AutoRL's generator, `track_api_cost`
@@ -307,41 +302,19 @@ class Model(ConfigModel):
         the current context; `token.var.reset(token)` ends it."""
         return self.metrics_builder(cost_context).activate()
 
-    def _metrics_builder_for_split(self, split: str) -> MetricsBuilder:
-        # ART's mapping: the validation and test splits share the `eval` context.
-        context = "eval" if split in ("val", "test") else split
-        return self._metrics_builder.for_cost_context(context, buffer_scope=context)
+    @property
+    def ledger(self) -> StepLedger:
+        """What this model carries between steps (its backend, metrics builder and step
+        timing): the seam `art.core.training` records steps through."""
+        return self._ledger
 
-    async def _flush_step_metrics(self, split: str) -> dict[str, float]:
-        """The builder's metrics for `split`'s next history row (costs and their
-        running totals under ART's `costs/...` names), emptied for the next step."""
-        return await self._metrics_builder_for_split(split).flush()
-
-    def _state_store(self) -> ModelStore:
+    def state_store(self) -> ModelStore:
         """Where the model's state lives: the store of its backend on this machine (a
         LocalBackend's `path`, a ServerlessBackend's local copy), else `base_path`'s."""
-        path = getattr(self._backend, "path", None)
+        path = getattr(self._ledger.backend, "path", None)
         if not isinstance(path, str | os.PathLike):
             path = self.base_path
         return ModelStore(path, self.project, self.storage_name)
-
-    def _read_metrics_state(self) -> None:
-        """Continue the running totals (`costs/cum/...`) stored with the model by an
-        earlier process, as ART does; once per object, and only into a builder that has
-        no totals of its own yet."""
-        if self._metrics_state_read:
-            return
-        self._metrics_state_read = True
-        saved = self._state_store().read_state().get(METRICS_BUILDER_STATE_KEY)
-        if isinstance(saved, dict):
-            self._metrics_builder._continue_totals(saved)
-
-    def _write_metrics_state(self) -> None:
-        """Store the builder's running totals under ART's key of the model's `state.json`."""
-        with _STATE_WRITES:  # the snapshot and its write together: the newest one wins
-            self._state_store().merge_state(
-                {METRICS_BUILDER_STATE_KEY: self._metrics_builder.state_dict()}
-            )
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward"
@@ -353,7 +326,7 @@ class Model(ConfigModel):
         the latest checkpoint is kept. Returns the deleted steps (None from a backend of
         ART's protocol, which does not say).
         """
-        backend = self._registered_backend("delete checkpoints")
+        backend = self._ledger.registered_backend(self.name, "delete checkpoints")
         return await backend.delete_checkpoints(self, best_checkpoint_metric=best_checkpoint_metric)
 
     def update_wandb_config(self, config: dict[str, Any]) -> None:
@@ -376,19 +349,20 @@ class Model(ConfigModel):
         self._wandb_config = _merge_unchanged(self._wandb_config, config, "config")
         observe.wandb_config_updated(self)
 
+    @property
+    def wandb_config(self) -> dict[str, Any]:
+        """A copy of the config merged by `update_wandb_config` so far (what the model's
+        W&B run is given)."""
+        return copy.deepcopy(self._wandb_config)
+
     def _log_backend(self) -> Backend:
         """The registered backend, or for a model with none (ART's frontend logging) the
         store under `base_path`."""
-        if self._backend is not None:
-            return self._backend
+        if self._ledger.backend is not None:
+            return self._ledger.backend
         from .local_log import StoreLog
 
         return cast(Backend, StoreLog(self.base_path))
-
-    def _registered_backend(self, action: str) -> Backend:
-        if self._backend is None:
-            raise ModelNotRegisteredError(self.name, action)
-        return self._backend
 
 
 def _merge_unchanged(old: dict[str, Any], new: dict[str, Any], path: str) -> dict[str, Any]:
@@ -426,8 +400,6 @@ class TrainableModel(Model):
     lora_config: dict[str, Any] | None = None
 
     _internal_config: dev.InternalModelConfig = PrivateAttr(default_factory=dev.InternalModelConfig)
-    # When the previous training step ended: the time since is this step's rollout time.
-    _last_step_end: float | None = PrivateAttr(default=None)
 
     def __init__(
         self,

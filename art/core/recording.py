@@ -79,12 +79,22 @@ def recording_into(sink: CallSink) -> Iterator[CallSink]:
 ModelFilter = Callable[[str], bool]
 
 
-def served_as(names: Callable[[], Iterable[str]]) -> ModelFilter:
-    """A filter accepting each of `names()` and its checkpoints (`name@step`, or the W&B
-    Training API's `name:step3`)."""
+class ServedModel(Protocol):
+    """What `served_as` reads of a model (ART's `Model` has both)."""
+
+    name: str
+
+    def get_inference_name(self, step: int | None = None) -> str: ...
+
+
+def served_as(model: ServedModel) -> ModelFilter:
+    """A filter accepting the `model` values that reach `model`: its inference name and its
+    plain name, read at each request (registration may change them), and their checkpoints
+    (`name@step`, or the W&B Training API's `name:step3`)."""
 
     def accepts(requested: str) -> bool:
-        return any(requested == n or requested.startswith((f"{n}@", f"{n}:step")) for n in names())
+        names = (model.get_inference_name(), model.name)
+        return any(requested == n or requested.startswith((f"{n}@", f"{n}:step")) for n in names)
 
     return accepts
 
@@ -172,7 +182,7 @@ def _responded(response: httpx.Response, capture: ExchangeCapture | None) -> Exc
     return None if capture.done else capture
 
 
-class _Tap:
+class Tap:
     """Keeps the bytes of a response body as the client reads them; hands them on at close.
 
     `on_body` is called with the whole body if the client read it to the end; `on_cut`
@@ -221,7 +231,7 @@ def _tap(
     claim: _Claim | None,
     trace: ChatTrace | None,
     exchange: ExchangeCapture | None,
-) -> _Tap | None:
+) -> Tap | None:
     """What watches this response's body: the capture's claim, a trace, an exchange capture,
     any of them or none."""
     on_body: list[Callable[[bytes], None]] = []
@@ -231,7 +241,7 @@ def _tap(
     if trace is not None:
         on_body.append(lambda raw: trace.finish(response.status_code, _decoded(response, raw)))
         on_cut.append(lambda: trace.fail("the response was closed before its body ended"))
-    return _Tap(on_body, on_cut, exchange) if on_body or exchange is not None else None
+    return Tap(on_body, on_cut, exchange) if on_body or exchange is not None else None
 
 
 @dataclass(frozen=True)
@@ -254,7 +264,7 @@ class _Watch:
         if self.trace is not None:
             self.trace.fail(f"the request failed: {error!r}")
 
-    def tap(self, response: Any) -> _Tap | None:
+    def tap(self, response: Any) -> Tap | None:
         return _tap(response, self.claim, self.trace, _responded(response, self.exchange))
 
 
@@ -265,7 +275,7 @@ def record(
     request: Any,
     accepts: ModelFilter | None,
     send: Callable[[Any], R],
-    wrap: Callable[[Any, _Tap], object],
+    wrap: Callable[[Any, Tap], object],
 ) -> R:
     """`send(request)`, its answer's body watched through `wrap` where anything records it.
 
@@ -289,7 +299,7 @@ async def arecord(
     request: Any,
     accepts: ModelFilter | None,
     send: Callable[[Any], Awaitable[R]],
-    wrap: Callable[[Any, _Tap], object],
+    wrap: Callable[[Any, Tap], object],
 ) -> R:
     """The async twin of `record`."""
     watch = _Watch.of(request, accepts)
@@ -306,50 +316,54 @@ async def arecord(
 
 
 class _RecordingStream(httpx.SyncByteStream):
-    def __init__(self, inner: Iterable[bytes], tap: _Tap) -> None:
+    def __init__(self, inner: Iterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from _tapped(self._inner, self._tap)
+        yield from tapped(self._inner, self._tap)
 
     def close(self) -> None:
-        _close(self._inner, self._tap)
+        close_tapped(self._inner, self._tap)
 
 
 class _RecordingAsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: AsyncIterable[bytes], tap: _Tap) -> None:
+    def __init__(self, inner: AsyncIterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in _atapped(self._inner, self._tap):
+        async for part in atapped(self._inner, self._tap):
             yield part
 
     async def aclose(self) -> None:
-        await _aclose(self._inner, self._tap)
+        await aclose_tapped(self._inner, self._tap)
 
 
-def _tapped(inner: Iterable[bytes], tap: _Tap) -> Iterator[bytes]:
+def tapped(inner: Iterable[bytes], tap: Tap) -> Iterator[bytes]:
+    """`inner`'s parts, each shown to `tap` as it passes; `tap.ended()` after the last."""
     for part in inner:
         tap.part(part)
         yield part
     tap.ended()
 
 
-async def _atapped(inner: AsyncIterable[bytes], tap: _Tap) -> AsyncIterator[bytes]:
+async def atapped(inner: AsyncIterable[bytes], tap: Tap) -> AsyncIterator[bytes]:
+    """`tapped` for an async body."""
     async for part in inner:
         tap.part(part)
         yield part
     tap.ended()
 
 
-def _close(inner: Any, tap: _Tap) -> None:
+def close_tapped(inner: Any, tap: Tap) -> None:
+    """Close the body `inner`; `tap` finishes (hands on what it kept) whatever happens."""
     try:
         inner.close()
     finally:
         tap.finish()
 
 
-async def _aclose(inner: Any, tap: _Tap) -> None:
+async def aclose_tapped(inner: Any, tap: Tap) -> None:
+    """`close_tapped` for an async body."""
     try:
         await inner.aclose()
     finally:

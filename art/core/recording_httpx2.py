@@ -3,7 +3,7 @@ Anthropic's SDK 2 are built on.
 
 Anthropic's SDK takes only an httpx2 client, and an httpx2 client only an httpx2
 transport, so the transports of `recording` are given again on httpx2's base classes.
-What they record, and how, is `recording`'s (`_Watch`, `_Tap`): httpx2 keeps httpx's
+What they record, and how, is `recording`'s (`_Watch`, `Tap`): httpx2 keeps httpx's
 request, response and stream API, which those read.
 """
 
@@ -13,30 +13,39 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 
 import httpx2
 
-from .recording import ModelFilter, _aclose, _atapped, _close, _Tap, _tapped, arecord, record
+from .recording import (
+    ModelFilter,
+    Tap,
+    aclose_tapped,
+    arecord,
+    atapped,
+    close_tapped,
+    record,
+    tapped,
+)
 
 
 class _Stream(httpx2.SyncByteStream):
-    def __init__(self, inner: Iterable[bytes], tap: _Tap) -> None:
+    def __init__(self, inner: Iterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from _tapped(self._inner, self._tap)
+        yield from tapped(self._inner, self._tap)
 
     def close(self) -> None:
-        _close(self._inner, self._tap)
+        close_tapped(self._inner, self._tap)
 
 
 class _AsyncStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: AsyncIterable[bytes], tap: _Tap) -> None:
+    def __init__(self, inner: AsyncIterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in _atapped(self._inner, self._tap):
+        async for part in atapped(self._inner, self._tap):
             yield part
 
     async def aclose(self) -> None:
-        await _aclose(self._inner, self._tap)
+        await aclose_tapped(self._inner, self._tap)
 
 
 class Httpx2RecordingTransport(httpx2.BaseTransport):

@@ -83,7 +83,7 @@ async def run_step(
     step's `train/` row (PipelineTrainer's staleness and dropped-group counts), so a
     step keeps one row.
     """
-    backend = backend or model._registered_backend("train")
+    backend = backend or model.ledger.registered_backend(model.name, "train")
     config = config or TrainConfig()
     groups = coerce_groups(trajectory_groups, "trajectory_groups")
     dev_config = _with_accumulation(config, dev_config or dev.TrainConfig())
@@ -92,7 +92,7 @@ async def run_step(
     if log:
         # The store keeps one copy of each trajectory, so a retried step does not log it twice.
         await backend.log(model, groups, split="train", step=step, metrics={})
-        builder = model._metrics_builder_for_split("train")
+        builder = model.ledger.builder_for_split("train")
         for key, value in group_costs(groups).items():
             builder.add_cost(key.removeprefix("costs/"), value)
     started = time.monotonic()
@@ -119,9 +119,8 @@ async def run_step(
             model.name,
             step + 1,
         )
-    if model._last_step_end is not None:
-        metrics["rollout_seconds"] = started - model._last_step_end
-    model._last_step_end = time.monotonic()
+    if (rollout_seconds := model.ledger.step_ended(started)) is not None:
+        metrics["rollout_seconds"] = rollout_seconds
     if verbose:
         shown = ", ".join(f"{key}={value:.4g}" for key, value in sorted(metrics.items()))
         print(f"[{model.name}] step {step} -> {step + 1}: {shown}")
@@ -160,7 +159,7 @@ async def run_sft(
     once) through its backend's `train_sft`; one `sft/` history row per batch at the step
     the call made (ART's: `sft/loss/train`, `sft/gradient_step` from 1), or none with
     `log_metrics=False` (ART 0.5.23's switch)."""
-    backend = model._registered_backend("train_sft")
+    backend = model.ledger.registered_backend(model.name, "train_sft")
     if isinstance(dev_config, dict):  # ART's dev.TrainSFTConfig is a dict
         dev_config = dev.TrainSFTConfig(**dev_config)
     config = config or TrainSFTConfig()
@@ -216,10 +215,13 @@ async def record(
     what ART sends it: the canonical keys and the user's own (`user_keys`, the row's
     keys that name the user's metrics); history.jsonl keeps every key.
     """
-    await asyncio.to_thread(model._read_metrics_state)  # a model logged unregistered
-    metrics = metrics | await model._flush_step_metrics(split)
+    ledger, store = model.ledger, model.state_store()
+    await asyncio.to_thread(ledger.read_totals, store)  # a model logged unregistered
+    metrics = metrics | await ledger.flush(split)
+    if not groups and not metrics:
+        return  # `model.log(metrics={})` with nothing held: no row, as in ART
     await backend.log(model, groups, split=split, step=step, metrics=metrics)
-    await asyncio.to_thread(model._write_metrics_state)  # totals continue after a restart
+    await asyncio.to_thread(ledger.write_totals, store)  # totals continue after a restart
     observe.history_row(model, step, wandb_metrics(metrics, user_keys))
 
 

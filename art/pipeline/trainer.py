@@ -195,7 +195,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.grad_accumulation_sequences = grad_accumulation_sequences
         self.packed_sequence_length = packed_sequence_length
         self.rollout_worker_capacity = executor.max_workers
-        self._rollout_executor = executor
+        self.rollout_executor = executor
         self.retention = checkpoint_retention_strategy
         self.retention_interval = checkpoint_retention_interval
         if not isinstance(model, TrainableModel):
@@ -327,10 +327,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """Groups dropped because their rewards were all equal, over every run."""
         return self._state.groups_dropped_no_variance
 
-    def _worker_done(self, task: asyncio.Task[None]) -> None:
+    def rollout_worker_ended(self, task: asyncio.Task[None]) -> None:
+        """Told of each finished rollout worker: a worker's error stops the run."""
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()  # raised by train() once the trainer stops
             self.request_stop()
+
+    @property
+    def stop_requested(self) -> asyncio.Event:
+        """Set once the run is to stop (`request_stop`, an error, the last step)."""
+        return self._stop
 
     def request_stop(self) -> None:
         """Stop after the step being trained; rollouts in flight are abandoned."""
@@ -559,7 +565,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 f"{capacity}",
                 "Keep it within rollout_executor.max_workers",
             )
-        self._rollout_executor.set_target(settings.num_rollout_workers)
+        self.rollout_executor.set_target(settings.num_rollout_workers)
         self.num_rollout_workers = settings.num_rollout_workers
         self.min_batch_size = settings.min_batch_size
         self.max_batch_size = settings.max_batch_size
@@ -567,7 +573,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._workers.set_target(settings.num_rollout_workers)
         self._status.num_workers = settings.num_rollout_workers
 
-    async def _rollout_worker(self, worker_id: int = 0) -> None:
+    async def run_rollout_worker(self, worker_id: int = 0) -> None:
+        """One rollout worker (`RolloutWorkerController` runs them): rolls out scenarios
+        until they run out, the run stops, or the controller retires it."""
         assert self._queue is not None
         while not self._stop.is_set() and self._workers.worker_allowed(worker_id):
             scenario = await self._next_scenario()
@@ -583,7 +591,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             costs = self.model.activate_metrics_context("train")
             rollout_started = time.monotonic()
             try:
-                group = await self._rollout_executor.run(
+                group = await self.rollout_executor.run(
                     worker_id, self.rollout_fn, self.model, scenario, self.config
                 )
             except Exception as error:  # a bad rollout is data, not the end of the run

@@ -58,7 +58,7 @@ class PipelineAutotunerAttachment:
             return
         self.trainer = trainer
         self.store = PipelineTunerProfileStore.for_model(trainer.model)
-        internal = trainer.model._internal_config
+        internal = trainer.model.internal_config
         gpu_ids = getattr(internal, "inference_gpu_ids", None)
         if isinstance(internal, dict):
             gpu_ids = internal.get("inference_gpu_ids")

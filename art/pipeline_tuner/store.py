@@ -26,7 +26,7 @@ class PipelineTunerProfileStore:
     @classmethod
     def for_model(cls, model: TrainableModel) -> PipelineTunerProfileStore:
         """The store in the model's own directory (its backend must store on this machine)."""
-        return cls(model._state_store().dir / "pipeline_tuner")
+        return cls(model.state_store().dir / "pipeline_tuner")
 
     def resolve(self, profile: str | None) -> Path:
         """The file of profile `profile` ("latest" when None)."""

@@ -7,19 +7,33 @@ has started and then takes no new scenario (it asks `worker_allowed` before each
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
+
+
+class RolloutHost(Protocol):
+    """What the controller runs workers for (`PipelineTrainer` is one)."""
+
+    @property
+    def stop_requested(self) -> asyncio.Event:
+        """Set once the run is to stop: the controller then ends its workers."""
+        ...
+
+    async def run_rollout_worker(self, worker_id: int) -> None:
+        """A worker: returns when the scenarios run out, the run stops, or
+        `worker_allowed(worker_id)` turns False."""
+        ...
+
+    def rollout_worker_ended(self, task: asyncio.Task[None]) -> None:
+        """Told of every finished worker."""
+        ...
 
 
 class RolloutWorkerController:
-    """Keeps `target_workers` rollout workers of `trainer` running until the run ends.
+    """Keeps `target_workers` rollout workers of `trainer` (a `RolloutHost`) running
+    until the run ends; a trainer with a `rollout_executor` (PipelineTrainer's) has it
+    told the live worker ids after every change."""
 
-    `trainer` provides `_rollout_worker(worker_id)` (a coroutine that returns when the
-    scenarios run out, the run stops, or `worker_allowed(worker_id)` turns False),
-    `_stop` (an `asyncio.Event`) and `_worker_done(task)` (told of every finished worker),
-    and may provide `_rollout_executor` (told the live worker ids after every change).
-    """
-
-    def __init__(self, trainer: Any, target_workers: int) -> None:
+    def __init__(self, trainer: RolloutHost, target_workers: int) -> None:
         self.trainer = trainer
         self.target_workers = max(1, int(target_workers))
         self.started_workers = 0  # every worker ever started, so ids are never reused
@@ -46,7 +60,7 @@ class RolloutWorkerController:
     async def run(self) -> None:
         """Reconcile until the run stops or every worker ended with the scenarios."""
         try:
-            while not self.trainer._stop.is_set():
+            while not self.trainer.stop_requested.is_set():
                 self._reap()
                 if self._exhausted and not self._tasks:
                     return
@@ -54,7 +68,7 @@ class RolloutWorkerController:
                 self._changed.clear()
                 waits: list[asyncio.Future[Any]] = [
                     asyncio.ensure_future(self._changed.wait()),
-                    asyncio.ensure_future(self.trainer._stop.wait()),
+                    asyncio.ensure_future(self.trainer.stop_requested.wait()),
                     *(asyncio.shield(task) for task in self._tasks.values()),
                 ]
                 try:
@@ -85,13 +99,13 @@ class RolloutWorkerController:
             worker_id = self.started_workers
             self.started_workers += 1
             task = asyncio.create_task(
-                self.trainer._rollout_worker(worker_id), name=f"art-rollout-{worker_id}"
+                self.trainer.run_rollout_worker(worker_id), name=f"art-rollout-{worker_id}"
             )
-            task.add_done_callback(self.trainer._worker_done)
+            task.add_done_callback(self.trainer.rollout_worker_ended)
             self._tasks[worker_id] = task
             active.append(worker_id)
         self.peak_workers = max(self.peak_workers, len(active))
-        executor = getattr(self.trainer, "_rollout_executor", None)  # PipelineTrainer's
+        executor = getattr(self.trainer, "rollout_executor", None)  # PipelineTrainer's
         if executor is not None:  # retiring workers stay listed until their rollout ends
             executor.set_workers(tuple(self._tasks))
 

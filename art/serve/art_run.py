@@ -85,19 +85,21 @@ class _CurrentService:
     def __init__(self, backend: LocalBackend) -> None:
         self.backend = backend
 
-    def _service(self) -> ModelService:
-        service = self.backend._model_service()
-        assert isinstance(service, ModelService)  # in_process=True
+    def _service(self) -> ModelService | None:
+        service = self.backend.service
+        assert service is None or isinstance(service, ModelService)  # in_process=True
         return service
 
     def route(self, model: str) -> Route:
-        return self._service().route(model)
+        if (service := self._service()) is None:
+            raise KeyError(f"unknown model {model!r}; no model is registered yet")
+        return service.route(model)
 
     def model_names(self) -> list[str]:
-        return self._service().model_names() if self.backend._service is not None else []
+        return service.model_names() if (service := self._service()) is not None else []
 
     def longest_context(self) -> int:
-        return self._service().longest_context() if self.backend._service is not None else 0
+        return service.longest_context() if (service := self._service()) is not None else 0
 
 
 def build_run_app(
@@ -279,7 +281,7 @@ def _s3_options(data: Any) -> tuple[Model, dict[str, Any]]:
 @contextlib.contextmanager
 def _s3_errors() -> Iterator[None]:
     """The S3 calls' failures as answers: what is missing 404, the rest 502."""
-    from ..core.s3 import S3Error
+    from ..core.s3_client import S3Error
 
     try:
         yield

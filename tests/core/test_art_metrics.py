@@ -248,6 +248,22 @@ async def test_an_unregistered_models_totals_continue_under_its_base_path(tmp_pa
         assert row["costs/cum/all"] == expected
 
 
+async def test_log_with_empty_metrics_flushes_the_builder_as_arts_does(tmp_path: Path) -> None:
+    model = art.Model(name="judge", project="costs", base_path=str(tmp_path))
+    store = ModelStore(tmp_path, "costs", "judge")
+    await model.log(metrics={}, split="val")  # nothing held: no row
+    assert store.read_history() == []
+    model.metrics_builder("eval").add_cost("eval/judge", 0.5)
+    await model.log(trajectories=None, split="val", metrics={})
+    (row,) = store.read_history()
+    assert row["costs/eval/judge"] == 0.5
+    assert row["costs/cum/all"] == 0.5
+    await model.log(metrics={}, split="val")  # flushed: nothing is left to log twice
+    assert len(store.read_history()) == 1
+    with pytest.raises(art.ConfigError, match="trajectories"):
+        await model.log(split="val")  # neither trajectories nor metrics= given
+
+
 def test_a_model_with_pending_costs_pickles_and_copies() -> None:
     import pickle
 

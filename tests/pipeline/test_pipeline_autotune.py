@@ -252,16 +252,16 @@ async def test_the_worker_controller_retires_surplus_workers_after_their_rollout
 
     class Host:
         def __init__(self) -> None:
-            self._stop = asyncio.Event()
+            self.stop_requested = asyncio.Event()
             self.finished: list[int] = []
             self.controller: RolloutWorkerController
 
-        async def _rollout_worker(self, worker_id: int) -> None:
+        async def run_rollout_worker(self, worker_id: int) -> None:
             while self.controller.worker_allowed(worker_id):  # noqa: ASYNC110
                 await asyncio.sleep(0.01)  # one "rollout"
             self.finished.append(worker_id)
 
-        def _worker_done(self, task: asyncio.Task[None]) -> None:
+        def rollout_worker_ended(self, task: asyncio.Task[None]) -> None:
             pass
 
     host = Host()
@@ -277,5 +277,5 @@ async def test_the_worker_controller_retires_surplus_workers_after_their_rollout
     while host.controller.live_workers < 2:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     assert host.controller.started_workers == 4  # a fresh id, never a reused one
-    host._stop.set()
+    host.stop_requested.set()
     await runner

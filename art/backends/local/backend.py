@@ -81,6 +81,12 @@ class LocalBackend:
                 self._service = ServiceProcess(self.path)
         return self._service
 
+    @property
+    def service(self) -> ServiceAPI | None:
+        """The model service while one runs (from the first registration to `close`):
+        what a server built on this backend (`art run`) routes inference to."""
+        return self._service
+
     def __repr__(self) -> str:
         return f"LocalBackend(path={self.path!r}, in_process={self.in_process})"
 

@@ -60,7 +60,7 @@ def init_chat_model(
     from ...core.recording import RecordingAsyncTransport, RecordingTransport, served_as
     from ._chat_model import ArtChatOpenAI
 
-    accepts = served_as(model._served_names)
+    accepts = served_as(model)
 
     return ArtChatOpenAI(
         model=model.get_inference_name(),

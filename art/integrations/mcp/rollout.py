@@ -134,7 +134,7 @@ async def mcp_rollout(
     session_list = [sessions] if isinstance(sessions, MCPSession) else list(sessions)
     if not config.fresh_sessions:
         return await _rollout(model, scenario, session_list, config)
-    fresh = [session._fresh_copy() for session in session_list]
+    fresh = [session.fresh_copy() for session in session_list]
     async with AsyncExitStack() as stack:
         for session in fresh:
             await stack.enter_async_context(session)

@@ -164,7 +164,7 @@ class MCPSession:
         except Exception as error:  # the server failed earlier; closing must still finish
             logger.warning("MCP server %r ended with an error: %r", self.name, error)
 
-    def _fresh_copy(self) -> MCPSession:
+    def fresh_copy(self) -> MCPSession:
         """An unopened session to a new instance of this server (for `fresh_sessions`)."""
         if isinstance(self._server, str):
             raise ConfigError(

@@ -196,8 +196,8 @@ def report_history(model: Model, step: int, metrics: dict[str, float]) -> None:
         run = _runs.get(key)
         if run is None:
             run = _runs[key] = ModelRun(*key)
-            if model._wandb_config:
-                run.update_config(model._wandb_config)
+            if config := model.wandb_config:
+                run.update_config(config)
     # JSON has no NaN, so history.jsonl leaves an undefined metric out: so does W&B.
     run.log(step, {k: v for k, v in metrics.items() if not _undefined(v)})
 
@@ -208,7 +208,7 @@ def update_wandb_config(model: Model) -> None:
     with _runs_lock:
         run = _runs.get(key)
     if run is not None:
-        run.update_config(model._wandb_config)
+        run.update_config(model.wandb_config)
 
 
 def finish_wandb_runs(timeout: float | None = None) -> None:
