@@ -183,7 +183,8 @@ def _merge_extras(into: dict[str, Any], part: dict[str, Any], standard: set[str]
             into[key] = value
 
 
-def _merge_tool_call(into: dict[str, Any], piece: dict[str, Any]) -> None:
+def merge_tool_call(into: dict[str, Any], piece: dict[str, Any]) -> None:
+    """Add one streamed piece of a tool call (id, name and argument text) to `into`."""
     if piece.get("id"):
         into["id"] = piece["id"]
     into["type"] = piece.get("type") or into.get("type") or "function"
@@ -195,103 +196,109 @@ def _merge_tool_call(into: dict[str, Any], piece: dict[str, Any]) -> None:
 
 
 _CHAT_CHOICE = {"index", "delta", "finish_reason", "logprobs"}
-_CHAT_TOP = {"choices", "object", "usage"}
+_COMPLETION_CHOICE = {"index", "text", "finish_reason", "logprobs"}
+_TOP = {"choices", "object", "usage"}
+
+
+def _streamed_choices(
+    body: bytes,
+    empty: Callable[[int], dict[str, Any]],
+    add: Callable[[dict[str, Any], dict[str, Any]], None],
+    standard: set[str],
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """The chunks of a choices stream (Chat Completions, Completions) put together: their
+    top-level fields, and each choice by index, begun by `empty(index)` and grown by
+    `add(choice, piece)` for each piece of it; the piece's fields outside `standard` are
+    an endpoint's extras, kept on the choice. Every choice must have finished."""
+    top: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for _, chunk in _sse_json(body):
+        if "error" in chunk and "choices" not in chunk:
+            raise ValueError(f"the stream sent an error: {chunk['error']}")
+        for key, value in chunk.items():
+            if key not in _TOP and (value is not None or key not in top):
+                top[key] = value
+        if chunk.get("usage") is not None:
+            top["usage"] = chunk["usage"]
+        for part in chunk.get("choices") or []:
+            index = part.get("index", 0)
+            choice = choices.setdefault(index, empty(index))
+            add(choice, part)
+            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
+            _merge_extras(choice, part, standard)
+    if not choices:
+        raise ValueError("the stream held no choice")
+    unfinished = sorted(index for index, choice in choices.items() if not choice["finish_reason"])
+    if unfinished:
+        raise ValueError(f"the stream ended before choices {unfinished} finished")
+    return top, choices
 
 
 def _chat_completion(body: bytes, *, stream: bool) -> ChatCompletion:
     if not stream:
         return ChatCompletion.model_validate_json(body)
-    top: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for _, chunk in _sse_json(body):
-        if "error" in chunk and "choices" not in chunk:
-            raise ValueError(f"the stream sent an error: {chunk['error']}")
-        for key, value in chunk.items():
-            if key not in _CHAT_TOP and (value is not None or key not in top):
-                top[key] = value
-        if chunk.get("usage") is not None:
-            top["usage"] = chunk["usage"]
-        for part in chunk.get("choices") or []:
-            index = part.get("index", 0)
-            choice = choices.setdefault(
-                index,
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": None},
-                    "finish_reason": None,
-                    "logprobs": None,
-                    "_calls": {},
-                },
-            )
-            delta = part.get("delta") or {}
-            message = choice["message"]
-            for text_field in ("content", "refusal", "reasoning_content"):
-                if delta.get(text_field):
-                    message[text_field] = (message.get(text_field) or "") + delta[text_field]
-            for call in delta.get("tool_calls") or []:
-                calls = choice["_calls"]
-                _merge_tool_call(calls.setdefault(call.get("index", len(calls)), {}), call)
-            logprobs = part.get("logprobs")
-            if isinstance(logprobs, dict):
-                merged = choice["logprobs"] or {"content": None, "refusal": None}
-                for key in ("content", "refusal"):
-                    if logprobs.get(key) is not None:
-                        merged[key] = (merged[key] or []) + list(logprobs[key])
-                choice["logprobs"] = merged
-            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
-            _merge_extras(choice, part, _CHAT_CHOICE)
-    if not choices:
-        raise ValueError("the stream held no choice")
-    unfinished = sorted(index for index, choice in choices.items() if not choice["finish_reason"])
-    if unfinished:
-        raise ValueError(f"the stream ended before choices {unfinished} finished")
-    for choice in choices.values():
-        calls = choice.pop("_calls")
-        if calls:
-            choice["message"]["tool_calls"] = [calls[index] for index in sorted(calls)]
-    return ChatCompletion.model_validate(
-        {**top, "object": "chat.completion", "choices": [choices[i] for i in sorted(choices)]}
-    )
+    top, choices = assemble_chat_stream(body)
+    return ChatCompletion.model_validate({**top, "object": "chat.completion", "choices": choices})
 
 
-_COMPLETION_CHOICE = {"index", "text", "finish_reason", "logprobs"}
+def assemble_chat_stream(body: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A streamed chat completion (its SSE body) put back together: the chunks' top-level
+    fields, and each choice (`n > 1` streams them interleaved) as a `Choice`'s data, by
+    index. Text and refusals concatenate, tool calls merge by their index, logprobs
+    concatenate; an endpoint's extra fields are kept on the choice (`prompt_token_ids`
+    once, other lists concatenated). ValueError for a stream that sent an error, held
+    no choice, or ended before a choice finished."""
+
+    def empty(index: int) -> dict[str, Any]:
+        message = {"role": "assistant", "content": None}
+        return {"index": index, "message": message, "finish_reason": None, "logprobs": None}
+
+    calls: dict[int, dict[int, dict[str, Any]]] = {}  # each choice's tool calls by index
+
+    def add(choice: dict[str, Any], part: dict[str, Any]) -> None:
+        delta = part.get("delta") or {}
+        message = choice["message"]
+        for text_field in ("content", "refusal", "reasoning_content"):
+            if delta.get(text_field):
+                message[text_field] = (message.get(text_field) or "") + delta[text_field]
+        own = calls.setdefault(choice["index"], {})
+        for call in delta.get("tool_calls") or []:
+            merge_tool_call(own.setdefault(call.get("index", len(own)), {}), call)
+        logprobs = part.get("logprobs")
+        if isinstance(logprobs, dict):
+            merged = choice["logprobs"] or {"content": None, "refusal": None}
+            for key in ("content", "refusal"):
+                if logprobs.get(key) is not None:
+                    merged[key] = (merged[key] or []) + list(logprobs[key])
+            choice["logprobs"] = merged
+
+    top, choices = _streamed_choices(body, empty, add, _CHAT_CHOICE)
+    for index, choice in choices.items():
+        if own := calls.get(index):
+            choice["message"]["tool_calls"] = [own[i] for i in sorted(own)]
+    return top, [choices[i] for i in sorted(choices)]
 
 
 def _completion(body: bytes, *, stream: bool) -> Completion:
     if not stream:
         return Completion.model_validate_json(body)
-    top: dict[str, Any] = {}
-    choices: dict[int, dict[str, Any]] = {}
-    for _, chunk in _sse_json(body):
-        if "error" in chunk and "choices" not in chunk:
-            raise ValueError(f"the stream sent an error: {chunk['error']}")
-        for key, value in chunk.items():
-            if key not in ("choices", "object", "usage") and (value is not None or key not in top):
-                top[key] = value
-        if chunk.get("usage") is not None:
-            top["usage"] = chunk["usage"]
-        for part in chunk.get("choices") or []:
-            index = part.get("index", 0)
-            choice = choices.setdefault(
-                index, {"index": index, "text": "", "finish_reason": None, "logprobs": None}
-            )
-            choice["text"] += part.get("text") or ""
-            choice["finish_reason"] = part.get("finish_reason") or choice["finish_reason"]
-            logprobs = part.get("logprobs")
-            if isinstance(logprobs, dict):
-                merged = choice["logprobs"] or {}
-                for key, value in logprobs.items():
-                    if isinstance(value, list):
-                        merged[key] = (merged.get(key) or []) + value
-                    elif value is not None:
-                        merged[key] = value
-                choice["logprobs"] = merged
-            _merge_extras(choice, part, _COMPLETION_CHOICE)
-    if not choices:
-        raise ValueError("the stream held no choice")
-    unfinished = sorted(index for index, choice in choices.items() if not choice["finish_reason"])
-    if unfinished:
-        raise ValueError(f"the stream ended before choices {unfinished} finished")
+
+    def empty(index: int) -> dict[str, Any]:
+        return {"index": index, "text": "", "finish_reason": None, "logprobs": None}
+
+    def add(choice: dict[str, Any], part: dict[str, Any]) -> None:
+        choice["text"] += part.get("text") or ""
+        logprobs = part.get("logprobs")
+        if isinstance(logprobs, dict):
+            merged = choice["logprobs"] or {}
+            for key, value in logprobs.items():
+                if isinstance(value, list):
+                    merged[key] = (merged.get(key) or []) + value
+                elif value is not None:
+                    merged[key] = value
+            choice["logprobs"] = merged
+
+    top, choices = _streamed_choices(body, empty, add, _COMPLETION_CHOICE)
     return Completion.model_validate(
         {**top, "object": "text_completion", "choices": [choices[i] for i in sorted(choices)]}
     )

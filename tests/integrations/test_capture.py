@@ -18,8 +18,8 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.chat.chat_completion import Choice
 
 import art
+from art.core.exchange_capture import assemble_chat_stream
 from art.integrations.capture import RecordingTransport
-from art.integrations.capture._sse import choice_from_sse
 from art.local import LocalBackend
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -254,14 +254,14 @@ def test_a_streamed_completion_is_reassembled_with_its_token_ids() -> None:
             "data: [DONE]",
         ]
     ).encode()  # fmt: skip
-    choice = choice_from_sse(body)
+    choice = Choice.model_validate(assemble_chat_stream(body)[1][0])
     assert choice.message.content == "Hi"
     assert choice.finish_reason == "tool_calls"
     call = (choice.message.tool_calls or [])[0]
     assert (call.id, call.function.name, call.function.arguments) == ("call_1", "f", '{"a": 1}')  # type: ignore[union-attr]
     assert choice.model_extra == {"token_ids": [1, 2, 3], "prompt_token_ids": [5, 6]}
-    with pytest.raises(ValueError, match="before its choice finished"):
-        choice_from_sse(body.split(b"\n\n")[0])
+    with pytest.raises(ValueError, match=r"before choices \[0\] finished"):
+        assemble_chat_stream(body.split(b"\n\n")[0] + b"\n\n")  # the first event alone
 
 
 # --- ART's other capture names ----------------------------------------------------------

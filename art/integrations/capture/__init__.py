@@ -118,11 +118,6 @@ async def capture_auto_trajectory(coroutine: Awaitable[Any]) -> Trajectory:
     return trajectory.finish()
 
 
-# The OpenAI SDK's timeout and pool limits.
-_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
-
-
 def capture_http_client() -> httpx.AsyncClient:
     """An HTTP client that records the model calls sent through it inside a capture.
 
@@ -139,42 +134,42 @@ def capture_http_client() -> httpx.AsyncClient:
     and Anthropic's SDK 2 are built on; Anthropic's takes nothing else), else an httpx one:
     both have httpx's API.
     """
-    try:
-        import httpx2
-    except ImportError:
-        return httpx.AsyncClient(
-            transport=RecordingAsyncTransport(httpx.AsyncHTTPTransport(limits=_LIMITS)),
-            timeout=_TIMEOUT,
-            follow_redirects=True,
-        )
-    from ...core.recording_httpx2 import Httpx2RecordingAsyncTransport
-
-    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
-    return httpx2.AsyncClient(  # type: ignore[return-value]  # httpx's API, httpx2's classes
-        transport=Httpx2RecordingAsyncTransport(httpx2.AsyncHTTPTransport(limits=limits)),
-        timeout=httpx2.Timeout(600.0, connect=5.0),
-        follow_redirects=True,
-    )
+    client: httpx.AsyncClient = _recording_client(sync=False)
+    return client
 
 
 def capture_sync_http_client() -> httpx.Client:
     """The sync twin of `capture_http_client`: `OpenAI(..., http_client=...)`,
     `Anthropic(..., http_client=...)`."""
+    client: httpx.Client = _recording_client(sync=True)
+    return client
+
+
+def _recording_client(*, sync: bool) -> Any:
+    """An httpx2 client (httpx where httpx2 is missing) on a recording transport, with the
+    OpenAI SDK's timeout and pool limits. httpx2 keeps httpx's API on classes of its own,
+    so the one module's names build it whole."""
+    http: Any
+    recording: tuple[Any, Any]  # the sync and the async transport
     try:
         import httpx2
     except ImportError:
-        return httpx.Client(
-            transport=RecordingTransport(httpx.HTTPTransport(limits=_LIMITS)),
-            timeout=_TIMEOUT,
-            follow_redirects=True,
+        http, recording = httpx, (RecordingTransport, RecordingAsyncTransport)
+    else:
+        from ...core.recording_httpx2 import (
+            Httpx2RecordingAsyncTransport,
+            Httpx2RecordingTransport,
         )
-    from ...core.recording_httpx2 import Httpx2RecordingTransport
 
-    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
-    return httpx2.Client(  # type: ignore[return-value]  # httpx's API, httpx2's classes
-        transport=Httpx2RecordingTransport(httpx2.HTTPTransport(limits=limits)),
-        timeout=httpx2.Timeout(600.0, connect=5.0),
-        follow_redirects=True,
+        http, recording = httpx2, (Httpx2RecordingTransport, Httpx2RecordingAsyncTransport)
+    limits = http.Limits(max_connections=1000, max_keepalive_connections=100)
+    transport: Any
+    if sync:
+        transport, client = recording[0](http.HTTPTransport(limits=limits)), http.Client
+    else:
+        transport, client = recording[1](http.AsyncHTTPTransport(limits=limits)), http.AsyncClient
+    return client(
+        transport=transport, timeout=http.Timeout(600.0, connect=5.0), follow_redirects=True
     )
 
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
+from ...core.exchange_capture import assemble_chat_stream
 from ...core.recording import current_sink, recording_into
-from ._sse import choices_from_sse
 
 if TYPE_CHECKING:
     from ...core.model import Model
@@ -72,7 +72,7 @@ class Recorder:
         """
         try:
             if request.get("stream"):
-                choices = choices_from_sse(body)
+                choices = [Choice.model_validate(c) for c in assemble_chat_stream(body)[1]]
             else:
                 raw = json.loads(body)["choices"]
                 choices = [Choice.model_validate(choice) for choice in raw]

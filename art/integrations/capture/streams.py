@@ -16,7 +16,7 @@ from openai.types.chat.chat_completion import ChatCompletion, Choice, ChoiceLogp
 from openai.types.chat.chat_completion_chunk import ChatCompletionChunk
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
-from ._sse import merge_call
+from ...core.exchange_capture import merge_tool_call
 
 
 class IncompleteChatCompletionStreamError(ValueError):
@@ -65,7 +65,7 @@ def update_chat_completion(completion: ChatCompletion, chunk: ChatCompletionChun
             for piece in delta.tool_calls:
                 while len(calls) <= piece.index:
                     calls.append({"id": "", "type": "function"})
-                merge_call(calls[piece.index], piece.model_dump(exclude_none=True))
+                merge_tool_call(calls[piece.index], piece.model_dump(exclude_none=True))
             message.tool_calls = ChatCompletionMessage.model_validate(
                 {"role": "assistant", "tool_calls": calls}
             ).tool_calls
