@@ -1,8 +1,8 @@
 """Capture scopes: `with art.Trajectory() as t:` records the model calls made inside it.
 
-The scopes of a context form a stack held in a context variable, so each asyncio task
-and each thread run in a copied context sees the scopes it was started in, and a scope
-it enters is its own. The innermost scope's trajectory receives the exchanges recorded
+The open scopes form a stack per context (`art.core.scope_stack`, which the data model
+opens and closes): each asyncio task and each thread run in a copied context sees the
+scopes it was started in. The innermost scope's trajectory receives the exchanges recorded
 by clients that carry a capture hook (`art.capture_http_client()`,
 `art.capture_sync_http_client()`, `art.capture_trace_config()`,
 `art.capture_requests_session()`, `model.openai_client()`): see
@@ -13,53 +13,17 @@ inside it captures again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Literal, overload
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
+from typing import Any, Literal, cast, overload
 
-from .errors import ArtValueError, RolloutError
-
-if TYPE_CHECKING:
-    from .trajectories import (
-        MetadataValue,
-        MetricValue,
-        PydanticException,
-        Trajectory,
-        TrajectoryGroup,
-    )
-
-_scopes: ContextVar[tuple[Trajectory, ...]] = ContextVar("art_capture_scopes", default=())
-
-
-class CaptureScopeError(RolloutError, RuntimeError):
-    """A capture scope used out of order, or required where none is open.
-
-    A RuntimeError too, as ART's.
-    """
+from .errors import ArtValueError
+from .scope_stack import CaptureScopeError, enter, exit, innermost, no_capture
+from .trajectories import PydanticException, Trajectory, TrajectoryGroup
+from .types import MetadataValue, MetricValue
 
 
 class CoroutineRequiredError(ArtValueError, TypeError):
     """`art.trajectory` was given something other than a raw coroutine (a TypeError, as ART's)."""
-
-
-def enter(trajectory: Trajectory) -> Trajectory:
-    """Open `trajectory`'s scope: calls made from here on are recorded into it."""
-    _scopes.set((*_scopes.get(), trajectory))
-    return trajectory
-
-
-def exit(trajectory: Trajectory) -> None:
-    """Close `trajectory`'s scope, which must be the innermost, and `finish()` it."""
-    stack = _scopes.get()
-    if not stack or stack[-1] is not trajectory:
-        raise CaptureScopeError(
-            "trajectory scopes must close in the order they opened (innermost first), in "
-            "the task or thread that opened them: this trajectory is not the innermost "
-            "open scope here. Nest `with art.Trajectory()` blocks instead of interleaving them"
-        )
-    _scopes.set(stack[:-1])
-    trajectory.finish()
 
 
 @overload
@@ -75,9 +39,9 @@ def current_trajectory(*, require: bool = False) -> Trajectory | None:
 
     With `require=True`, outside every scope (or inside `no_capture()`) raises.
     """
-    stack = _scopes.get()
-    if stack:
-        return stack[-1]
+    scope = innermost()
+    if scope is not None:
+        return cast(Trajectory, scope)
     if require:
         raise CaptureScopeError(
             "no trajectory is being captured here. Run this code inside "
@@ -86,24 +50,12 @@ def current_trajectory(*, require: bool = False) -> Trajectory | None:
     return None
 
 
-@contextmanager
-def no_capture() -> Iterator[None]:
-    """Hide every enclosing capture scope; scopes opened inside it capture as usual."""
-    token = _scopes.set(())
-    try:
-        yield
-    finally:
-        _scopes.reset(token)
-
-
 async def trajectory(coroutine: Coroutine[Any, Any, object]) -> Trajectory:
     """Run `coroutine` inside a new capture scope and return its trajectory.
 
     Pass the call itself (`art.trajectory(rollout(scenario))`): a Task or Future already
     runs in the context it was made in, outside the scope.
     """
-    from .trajectories import Trajectory
-
     if isinstance(coroutine, asyncio.Future) or not isinstance(coroutine, Coroutine):
         raise CoroutineRequiredError(
             "coroutine",
@@ -134,8 +86,6 @@ async def trajectory_group(
     rollouts cancelled, unless `return_exceptions=True` records it in `exceptions`; a
     BaseException that is not an Exception (a cancellation) always propagates.
     """
-    from .trajectories import Trajectory, TrajectoryGroup
-
     with no_capture():
         given = list(exceptions)
         for error in given:
@@ -179,8 +129,6 @@ async def trajectory_group(
 
 
 def _outcome(task: asyncio.Future[Trajectory], return_exceptions: bool) -> Trajectory | Exception:
-    from .trajectories import Trajectory
-
     try:
         result = task.result()
     except Exception as error:  # a BaseException (a cancellation) propagates

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
@@ -36,9 +36,10 @@ from .exchanges import (
     MessagesExchange,
     ResponsesExchange,
     SampledTokens,
+    TrajectoryExchanges,
     sampled_tokens,
 )
-from .trajectories import History, Trajectory, choice_as_message
+from .history import History, MessageOrChoiceField, ToolField, choice_as_message
 
 _PROTOCOL = {
     ChatCompletionsExchange: "chat_completions",
@@ -60,6 +61,18 @@ _FINISH = {
     "refusal": "content_filter",
     "max_output_tokens": "length",
 }
+
+
+class Rollout(Protocol):
+    """What these functions read (and fill) of a trajectory (`art.Trajectory` is one)."""
+
+    exchanges: TrajectoryExchanges
+    messages_and_choices: list[MessageOrChoiceField]
+    tools: list[ToolField] | None
+    additional_histories: list[History]
+    logs: list[str]
+    initial_policy_version: int | None
+    final_policy_version: int | None
 
 
 @dataclass(frozen=True)
@@ -397,7 +410,7 @@ def _conversations(exchanges: Sequence[Exchange]) -> list[_Conversation]:
     return found
 
 
-def selected_exchanges(trajectory: Trajectory, model: str | None = None) -> list[Exchange]:
+def selected_exchanges(trajectory: Rollout, model: str | None = None) -> list[Exchange]:
     """The exchanges of `trajectory` with `model` (a name or shell pattern; None: every
     one), in the order they were sent."""
     exchanges = trajectory.exchanges
@@ -406,7 +419,7 @@ def selected_exchanges(trajectory: Trajectory, model: str | None = None) -> list
     return exchanges.all()
 
 
-def histories_of(trajectory: Trajectory, *, model: str | None = None) -> list[History]:
+def histories_of(trajectory: Rollout, *, model: str | None = None) -> list[History]:
     """The conversations of `trajectory`, the main one first.
 
     An exchange trajectory's are built from its exchanges (those of `model`, a name or a
@@ -436,7 +449,7 @@ def histories_of(trajectory: Trajectory, *, model: str | None = None) -> list[Hi
 # --- what is not trained, and the policy versions ---------------------------------------
 
 
-def untrained_exchanges(trajectory: Trajectory) -> list[str]:
+def untrained_exchanges(trajectory: Rollout) -> list[str]:
     """A line per exchange of `trajectory` with an answer that will not be trained, and why."""
     lines = []
     for position, exchange in enumerate(trajectory.exchanges.all()):
@@ -454,14 +467,14 @@ def untrained_exchanges(trajectory: Trajectory) -> list[str]:
     return lines
 
 
-def note_untrained(trajectory: Trajectory) -> None:
+def note_untrained(trajectory: Rollout) -> None:
     """Add `untrained_exchanges`'s lines to the trajectory's logs (each once)."""
     for line in untrained_exchanges(trajectory):
         if line not in trajectory.logs:
             trajectory.logs.append(line)
 
 
-def has_sampled_tokens(trajectory: Trajectory) -> bool:
+def has_sampled_tokens(trajectory: Rollout) -> bool:
     """Whether an exchange of `trajectory` carries an answer sampled with its token ids."""
     return any(
         tokens.token_ids
@@ -470,7 +483,7 @@ def has_sampled_tokens(trajectory: Trajectory) -> bool:
     )
 
 
-def policy_versions(trajectory: Trajectory) -> list[int]:
+def policy_versions(trajectory: Rollout) -> list[int]:
     """The `policy_version` of each sampled answer of the trajectory's exchanges."""
     return [
         tokens.policy_version
@@ -480,7 +493,7 @@ def policy_versions(trajectory: Trajectory) -> list[int]:
     ]
 
 
-def fill_policy_versions(trajectory: Trajectory) -> None:
+def fill_policy_versions(trajectory: Rollout) -> None:
     """Set `initial_`/`final_policy_version` from the exchanges' versions where unset."""
     versions = policy_versions(trajectory)
     if not versions:

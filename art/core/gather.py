@@ -9,18 +9,16 @@ and counted in the `exception_rate` that `model.log` and `model.train` record. O
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
 from openai.types.chat.chat_completion import Choice
 from tqdm.auto import tqdm
 
-from . import observe
-from .errors import ConfigError, TrajectoryValidationError
+from .errors import ConfigError
+from .rollouts import listening, observed, run_all
 from .trajectories import (
     PendingTrajectoryGroup,
     PydanticException,
@@ -116,11 +114,6 @@ class _Progress:
         self.bar.update(advance)
 
 
-_progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
-    "art_gather_progress", default=None
-)
-
-
 def completion_tokens(trajectory: Trajectory) -> int:
     """Tokens the model sampled in this trajectory, where the choices say."""
     total = 0
@@ -137,73 +130,6 @@ def completion_tokens(trajectory: Trajectory) -> int:
             elif item.logprobs is not None and item.logprobs.content is not None:
                 total += len(item.logprobs.content)
     return total
-
-
-async def _run_all(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run coroutines concurrently in order; on the first error cancel the rest and re-raise it.
-
-    Unlike `asyncio.TaskGroup`, the caller gets the original exception, not an
-    ExceptionGroup, which is what rollout code written for ART expects.
-    """
-    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def run_pending_group(pending: PendingTrajectoryGroup) -> TrajectoryGroup:
-    """Await every rollout of a group; failures become the group's `exceptions`."""
-    progress = _progress.get()
-    outcomes: list[Trajectory | BaseException | None] = [None] * len(pending.items)
-
-    async def run_one(index: int, rollout: Awaitable[Any]) -> None:
-        try:
-            result = await _observed(rollout)
-            if not isinstance(result, Trajectory):
-                raise TrajectoryValidationError(
-                    "rollout result",
-                    f"expected an art.Trajectory, got {type(result).__name__}",
-                    "Make the rollout function return the Trajectory it built",
-                )
-        except Exception as error:
-            outcomes[index] = error
-            if progress is not None:
-                progress.add_exception(error)
-            return
-        outcomes[index] = result
-        if progress is not None:
-            progress.add_trajectory(result)
-
-    await _run_all([_as_coroutine(run_one(i, item)) for i, item in enumerate(pending.items)])
-    return TrajectoryGroup(
-        [outcome for outcome in outcomes if outcome is not None],
-        exceptions=pending.exceptions,
-        metadata=pending.metadata,
-        metrics=pending.metrics,
-        logs=pending.logs,
-    )
-
-
-async def _observed(rollout: Awaitable[T]) -> T:
-    """Await one rollout inside its own trace, where a tracing service is on."""
-    # A coroutine is named after its function (`rollout`); other awaitables are not.
-    with observe.rollout_scope(getattr(rollout, "__name__", "rollout")) as trace:
-        try:
-            result = await rollout
-        except BaseException as error:
-            if trace is not None:
-                trace.finish(error)
-            raise
-        if trace is not None:
-            trace.finish(result)
-        return result
-
-
-async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 def _check_max_exceptions(max_exceptions: int | float) -> None:
@@ -297,16 +223,15 @@ async def gather_trajectory_groups(
         progress.add_kept(groups)
         return groups
 
-    token = _progress.set(progress)
     try:
-        results = await _run_all([finish(group) for group in pending])
+        with listening(progress):
+            results = await run_all([finish(group) for group in pending])
     except BaseException:
         for group in pending:
             if isinstance(group, PendingTrajectoryGroup):
                 group.close()
         raise
     finally:
-        _progress.reset(token)
         if progress.bar is not None:
             progress.bar.close()
     return [group for kept in results for group in kept]
@@ -359,7 +284,7 @@ async def gather_trajectories(
 
     async def run_one(rollout: Awaitable[Trajectory]) -> Trajectory | BaseException:
         try:
-            result = await _observed(rollout)
+            result = await observed(rollout)
         except Exception as error:
             progress.add_exception(error)
             return error
@@ -367,7 +292,7 @@ async def gather_trajectories(
         return result
 
     try:
-        return await _run_all([run_one(rollout) for rollout in rollouts])
+        return await run_all([run_one(rollout) for rollout in rollouts])
     finally:
         if progress.bar is not None:
             progress.bar.close()

@@ -22,15 +22,20 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .model import Model
-    from .trajectories import MetadataValue
+from .types import MetadataValue
 
 # The services `Model.report_metrics` may name; ART also knows "trackio", not built here.
 REPORTERS = ("wandb",)
 _PLUGIN = "art.integrations.observability"
+
+
+class ReportingModel(Protocol):
+    """What the hooks read of a model (`art.Model` is one): which services it reports to."""
+
+    @property
+    def report_metrics(self) -> list[str] | None: ...
 
 
 class RolloutTrace(Protocol):
@@ -61,7 +66,7 @@ def _off(variable: str, disabled_when: str) -> bool:
     return os.environ.get(variable, "").strip().lower() == disabled_when
 
 
-def wandb_wanted(model: Model) -> bool:
+def wandb_wanted(model: ReportingModel) -> bool:
     """ART's rule: `report_metrics` names the services; None means W&B if a key is set."""
     if model.report_metrics is None:
         return bool(os.environ.get("WANDB_API_KEY"))
@@ -80,13 +85,13 @@ def weave_active() -> bool:
     return "weave" in sys.modules and not _off("WEAVE_DISABLED", "true")
 
 
-def history_row(model: Model, step: int, metrics: Mapping[str, float]) -> None:
+def history_row(model: ReportingModel, step: int, metrics: Mapping[str, float]) -> None:
     """Send a history row to the model's W&B run, if it has one. Never raises for W&B."""
     if metrics and wandb_wanted(model):
         _plugin().report_history(model, step, dict(metrics))
 
 
-def wandb_config_updated(model: Model) -> None:
+def wandb_config_updated(model: ReportingModel) -> None:
     """Send the model's W&B config (`update_wandb_config`) to its run, if one is open;
     a run opened later starts with it. Never raises for W&B."""
     if wandb_wanted(model):

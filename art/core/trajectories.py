@@ -16,8 +16,6 @@ import traceback
 from collections.abc import (
     AsyncIterator,
     Awaitable,
-    Callable,
-    Coroutine,
     Generator,
     Iterable,
     Iterator,
@@ -25,100 +23,22 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Annotated, Any, TypeAlias, overload
+from typing import Any, overload
 
-from openai.types.chat import ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PlainSerializer,
-    PlainValidator,
     PrivateAttr,
-    SerializationInfo,
     field_validator,
     model_validator,
 )
 
-from . import observe
+from . import observe, rollouts, scope_stack
 from .errors import TrajectoryValidationError
 from .exchanges import TrajectoryExchanges
-from .types import Message, MessageOrChoice, Messages, Tool
-
-MetadataValue: TypeAlias = float | int | str | bool | None
-"""A value of `Trajectory.metadata` or a group's metadata: a scalar the Parquet log can store."""
-MetricValue: TypeAlias = float | int | bool
-
-_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-_ROLES_NEEDING_CONTENT = ("system", "developer", "user", "tool")
-
-
-# --- validation -------------------------------------------------------------------------
-# Written by hand rather than left to pydantic's union validation of the OpenAI TypedDicts:
-# that validation drops unknown keys, turns `tool_calls` into a one-shot iterator, and
-# reports a missing role as a wall of union errors instead of one sentence.
-
-
-def check_message_or_choice(value: object, where: str) -> dict[str, Any] | Choice:
-    """Return `value` as a message dict or a `Choice`, or raise naming `where`."""
-    if isinstance(value, Choice):
-        return value
-    if isinstance(value, ChatCompletionMessage):
-        # `completion.choices[0].message` appended as is: keep it, as context.
-        return value.model_dump(exclude_none=True, exclude_defaults=True) | {"role": "assistant"}
-    if not isinstance(value, Mapping):
-        raise TrajectoryValidationError(
-            where,
-            f"expected a message dict or an OpenAI Choice, got {type(value).__name__}",
-            "Append `completion.choices[0]` for model output, or a dict such as "
-            "{'role': 'user', 'content': '...'}",
-        )
-    if (
-        "role" not in value
-        and "message" in value
-        and ("finish_reason" in value or "index" in value)
-    ):
-        return Choice.model_validate(dict(value))  # a Choice read back from JSON
-    role = value.get("role")
-    if role is None:
-        raise TrajectoryValidationError(
-            where,
-            "message has no 'role'",
-            f"Give every message a role, one of {', '.join(_ROLES)}",
-        )
-    if role not in _ROLES:
-        raise TrajectoryValidationError(
-            f"{where}.role", f"unknown role {role!r}", f"Use one of {', '.join(_ROLES)}"
-        )
-    if role in _ROLES_NEEDING_CONTENT and "content" not in value:
-        raise TrajectoryValidationError(
-            where, f"a {role!r} message has no 'content'", "Add a 'content' string"
-        )
-    if role == "tool" and "tool_call_id" not in value:
-        raise TrajectoryValidationError(
-            where,
-            "a 'tool' message has no 'tool_call_id'",
-            "Set it to the id of the assistant tool call it answers",
-        )
-    return dict(value)
-
-
-def check_tool(value: object, where: str) -> dict[str, Any]:
-    """Return `value` as an OpenAI tool schema dict, or raise naming `where`."""
-    if not isinstance(value, Mapping):
-        raise TrajectoryValidationError(
-            where, f"expected a tool schema dict, got {type(value).__name__}", _TOOL_FIX
-        )
-    function = value.get("function")
-    if value.get("type", "function") != "function" or not isinstance(function, Mapping):
-        raise TrajectoryValidationError(where, "not an OpenAI function tool", _TOOL_FIX)
-    if not isinstance(function.get("name"), str):
-        raise TrajectoryValidationError(f"{where}.function.name", "missing", _TOOL_FIX)
-    return dict(value)
-
-
-_TOOL_FIX = "Use {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
+from .history import History, MessageOrChoiceField, ToolField, messages_of
+from .types import Messages, MetadataValue, MetricValue
 
 
 def check_reward(value: object, where: str) -> float:
@@ -213,54 +133,6 @@ def _refuse_reconcile(reconcile: bool) -> None:
             "is not built",
             "Leave it False: conversations are grouped by their exact token ids",
         )
-
-
-def _validate_message_or_choice(value: object) -> dict[str, Any] | Choice:
-    return check_message_or_choice(value, "message")
-
-
-def _serialize_message_or_choice(
-    value: dict[str, Any] | Choice, info: SerializationInfo
-) -> dict[str, Any]:
-    if isinstance(value, Choice):
-        return value.model_dump(mode=info.mode)
-    return value
-
-
-MessageOrChoiceField = Annotated[
-    MessageOrChoice,
-    PlainValidator(_validate_message_or_choice),
-    PlainSerializer(_serialize_message_or_choice),
-]
-ToolField = Annotated[Tool, PlainValidator(lambda value: check_tool(value, "tool"))]
-
-
-def choice_as_message(choice: Choice) -> Message:
-    """The assistant message a `Choice` stands for, tool calls included."""
-    message: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
-    if choice.message.tool_calls:
-        message["tool_calls"] = [call.model_dump() for call in choice.message.tool_calls]
-    return message  # type: ignore[return-value]
-
-
-def messages_of(messages_and_choices: Iterable[MessageOrChoice]) -> Messages:
-    """Messages ready to send to a chat endpoint: each `Choice` as its assistant message."""
-    return [
-        choice_as_message(item) if isinstance(item, Choice) else item
-        for item in messages_and_choices
-    ]
-
-
-class History(BaseModel):
-    """A second conversation inside one rollout (a sub-agent, a summarizer call)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    messages_and_choices: list[MessageOrChoiceField] = Field(default_factory=list)
-    tools: list[ToolField] | None = None
-
-    def messages(self) -> Messages:
-        return messages_of(self.messages_and_choices)
 
 
 class Trajectory(BaseModel):
@@ -372,9 +244,7 @@ class Trajectory(BaseModel):
 
     def __enter__(self) -> Trajectory:
         """Capture the model calls made inside the block into `exchanges` (ART 0.5.23's)."""
-        from . import capture_scope
-
-        return capture_scope.enter(self)
+        return scope_stack.enter(self)
 
     def __exit__(
         self,
@@ -383,9 +253,7 @@ class Trajectory(BaseModel):
         exc_traceback: TracebackType | None,
     ) -> None:
         """Close the scope (the innermost one) and `finish()` the trajectory."""
-        from . import capture_scope
-
-        capture_scope.exit(self)
+        scope_stack.exit(self)
 
     def log(self, message: str) -> None:
         """Keep a line of text with this trajectory (stored with it, shown in reports)."""
@@ -601,23 +469,10 @@ def _checked_logs(value: Iterable[str] | None) -> list[str]:
     return lines
 
 
-# How an awaited `PendingTrajectoryGroup` runs its rollouts: gathering's
-# `run_pending_group`, handed in by the core package (`art/core/__init__.py`), so that
-# the data model never imports gathering.
-_run_pending: Callable[[PendingTrajectoryGroup], Coroutine[Any, Any, TrajectoryGroup]] | None = None
-
-
-def run_pending_with(
-    runner: Callable[[PendingTrajectoryGroup], Coroutine[Any, Any, TrajectoryGroup]],
-) -> None:
-    """Set what awaiting a `PendingTrajectoryGroup` runs (`gather.run_pending_group`)."""
-    global _run_pending
-    _run_pending = runner
-
-
 class PendingTrajectoryGroup:
-    """A group whose rollouts have not run yet; awaiting it runs them concurrently
-    (through gathering, see `run_pending_with`)."""
+    """A group whose rollouts have not run yet; awaiting it runs them concurrently (the
+    first that raises an Exception is kept in the group's `exceptions`; a gather running
+    it is told of each, see `art.core.rollouts`)."""
 
     def __init__(
         self,
@@ -638,9 +493,41 @@ class PendingTrajectoryGroup:
         return len(self.items)
 
     def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
-        if _run_pending is None:  # never: importing any of `art.core` sets it
-            raise RuntimeError("no runner for pending trajectory groups (art.core sets one)")
-        return _run_pending(self).__await__()
+        return self._run().__await__()
+
+    async def _run(self) -> TrajectoryGroup:
+        """Await every rollout; failures become the group's `exceptions`."""
+        listener = rollouts.listener()
+        outcomes: list[Trajectory | BaseException | None] = [None] * len(self.items)
+
+        async def run_one(index: int, rollout: Awaitable[Any]) -> None:
+            try:
+                result = await rollouts.observed(rollout)
+                if not isinstance(result, Trajectory):
+                    raise TrajectoryValidationError(
+                        "rollout result",
+                        f"expected an art.Trajectory, got {type(result).__name__}",
+                        "Make the rollout function return the Trajectory it built",
+                    )
+            except Exception as error:
+                outcomes[index] = error
+                if listener is not None:
+                    listener.add_exception(error)
+                return
+            outcomes[index] = result
+            if listener is not None:
+                listener.add_trajectory(result)
+
+        await rollouts.run_all(
+            [rollouts.as_coroutine(run_one(i, item)) for i, item in enumerate(self.items)]
+        )
+        return TrajectoryGroup(
+            [outcome for outcome in outcomes if outcome is not None],
+            exceptions=self.exceptions,
+            metadata=self.metadata,
+            metrics=self.metrics,
+            logs=self.logs,
+        )
 
     def close(self) -> None:
         """Close rollouts that will never be awaited, so Python does not warn about them."""

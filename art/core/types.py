@@ -16,6 +16,10 @@ from pydantic import ConfigDict, Field, field_validator
 
 from .config_errors import ConfigModel
 
+MetadataValue: TypeAlias = float | int | str | bool | None
+"""A value of `Trajectory.metadata` or a group's metadata: a scalar the Parquet log can store."""
+MetricValue: TypeAlias = float | int | bool
+"""A value of `Trajectory.metrics` or a group's metrics."""
 Message: TypeAlias = ChatCompletionMessageParam
 """A chat message as the OpenAI client takes it (a dict with `role` and `content`): context."""
 MessageOrChoice: TypeAlias = Message | Choice

@@ -13,16 +13,15 @@ from openai.types.chat.chat_completion import Choice
 
 from .errors import TrajectoryValidationError
 from .exchange_histories import has_sampled_tokens, histories_of, note_untrained
+from .history import check_message_or_choice, check_tool
 from .trajectories import (
     History,
     Trajectory,
     TrajectoryGroup,
-    check_message_or_choice,
     check_metadata_value,
     check_metric,
     check_one_shape,
     check_reward,
-    check_tool,
 )
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ...core.trajectories import History, Trajectory, choice_as_message
+from ...core.history import History, choice_as_message
+from ...core.trajectories import Trajectory
 from ._recorder import RecordedCall
 
 

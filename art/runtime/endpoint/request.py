@@ -26,7 +26,7 @@ from pydantic import (
 from starlette.requests import Request
 
 from ...core.errors import ArtValueError
-from ...core.trajectories import check_message_or_choice, check_tool
+from ...core.history import check_message_or_choice, check_tool
 
 logger = logging.getLogger("art.endpoint")
 
