@@ -329,7 +329,7 @@ def _unload_the_modules_models() -> Iterator[None]:
     from art.runtime.service.model_service import ModelService
 
     for backend in _session_backends:
-        service = backend._service
+        service = backend.service
         if isinstance(service, ModelService):  # None until the backend's first registration
             for project, run in service.loaded():
                 service.unload(project, run)

@@ -339,7 +339,7 @@ async def test_a_custom_chat_template_renders_prompts_and_training(tmp_path: Pat
         row = json.loads(rows.read_text().splitlines()[-1])
         assert row["data/step_loss_bearing_tokens"] > 0
         # The service's copy of the template is what training tokenizes with.
-        service = backend._service  # in process: the ModelService itself
+        service = backend.service  # in process: the ModelService itself
         assert service is not None
         assert service._models["templates/templated"].base.rendering.template == CUSTOM_TEMPLATE
     finally:
@@ -403,7 +403,7 @@ async def test_arts_template_keys_and_rollout_weights_mode_reach_the_endpoint(
         )
         assert hailed == expected.replace("Ahoy", "Hi")  # the request's own kwargs win
 
-        service = backend._service
+        service = backend.service
         assert service is not None
         engine = service._models["templates/keyed"].base.engine
         assert engine is not None

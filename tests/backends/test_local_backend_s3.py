@@ -115,7 +115,7 @@ async def test_a_pushed_model_is_forked_and_resumed_on_a_fresh_path(
     assert (tmp_path / "copy" / "adapter_model.safetensors").read_bytes() == (
         trained / ADAPTER
     ).read_bytes()
-    assert elsewhere._service is None
+    assert elsewhere.service is None
     with pytest.raises(FileNotFoundError, match="no S3 bucket specified"):
         await elsewhere._experimental_pull_model_checkpoint(source, step=7)
     with warnings.catch_warnings():

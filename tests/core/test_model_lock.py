@@ -156,7 +156,7 @@ async def test_a_model_unloaded_by_its_service_can_be_trained_by_another_process
     path = Path(shared_backend.path)
     with child_asking(path, unique_project) as (_, answer):
         assert answer == f"refused {os.getpid()}"  # trained here: held
-    service = shared_backend._service
+    service = shared_backend.service
     assert isinstance(service, ModelService)
     service.unload(unique_project, "agent")
     with child_asking(path, unique_project) as (_, answer):

@@ -130,7 +130,7 @@ async def test_the_loop_runs_on_cuda_through_a_local_backend(
             temperature=0,
         )
         assert again.choices[0].message.content is not None
-        service: Any = backend._service
+        service: Any = backend.service
         (base,) = service._bases.values()
         assert base.model.device.type == "cuda"
     finally:

@@ -79,7 +79,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def service_of(backend: LocalBackend) -> Any:
-    service = backend._service
+    service = backend.service
     assert service is not None
     return service
 
@@ -377,7 +377,7 @@ async def test_two_processes_training_one_model_never_lose_a_step(tmp_path: Path
         await model_a.register(first)
         await model_b.register(second)  # loading it to serve or evaluate is fine
         await train_steps(model_a, 1)
-        holder = first._service._process.pid  # type: ignore[union-attr]
+        holder = first.service._process.pid  # type: ignore[union-attr]
         with pytest.raises(art.ConfigError, match=f"pid {holder}") as refused:
             await train_steps(model_b, 1)
         assert type(refused.value).__name__ == "ModelInUseError"

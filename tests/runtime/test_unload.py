@@ -42,7 +42,7 @@ async def the_base_serves_and_a_new_model_loads_after_the_last_unload(
     await client.chat.completions.create(
         model=first.get_inference_name(), messages=HELLO, max_tokens=2
     )
-    service = backend._service
+    service = backend.service
     assert isinstance(service, ModelService)
     for loaded_project, run in service.loaded():  # this base's last adapter goes with them
         service.unload(loaded_project, run)

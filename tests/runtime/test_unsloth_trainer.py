@@ -62,7 +62,7 @@ def model_dir(backend: LocalBackend, model: art.TrainableModel) -> Path:
 
 
 def trainer_of(backend: LocalBackend, model: art.TrainableModel) -> Any:
-    service: Any = backend._service  # in-process: the ModelService itself
+    service: Any = backend.service  # in-process: the ModelService itself
     return service._models[f"{model.project}/{model.name}"].trainer
 
 

@@ -77,7 +77,7 @@ def extra(choice: Any) -> dict[str, Any]:
 
 
 def vllm_pid(backend: LocalBackend) -> int:
-    service: Any = backend._service  # in-process: the ModelService itself
+    service: Any = backend.service  # in-process: the ModelService itself
     (base,) = service._bases.values()
     pid: int = base.engine.server.pid
     return pid
@@ -292,7 +292,7 @@ async def test_deleted_checkpoints_are_unloaded_from_vllm(
         model=f"{name}@0", messages=ask("Hi"), max_tokens=4
     )
     assert extra(answer.choices[0])["token_ids"]
-    service: Any = backend._service
+    service: Any = backend.service
     (base,) = service._bases.values()
     assert any("_step0_" in adapter for adapter in base.engine._adapters)
 
@@ -412,7 +412,7 @@ async def test_vllm_sleeps_while_a_step_trains_on_a_shared_gpu(tmp_path: Path) -
             _internal_config=art.dev.InternalModelConfig(engine="vllm"),
         )
         await model.register(backend)
-        service: Any = backend._service
+        service: Any = backend.service
         (base,) = service._bases.values()
         assert base.engine.sleep_while_training
         with base.engine.training():
@@ -441,7 +441,7 @@ async def test_dedicated_mode_keeps_vllm_awake_on_its_own_gpu(tmp_path: Path) ->
             ),
         )
         await model.register(backend)
-        service: Any = backend._service
+        service: Any = backend.service
         (base,) = service._bases.values()
         assert not base.engine.sleep_while_training
         # A step needs nothing of it: requests are answered while one trains.
