@@ -79,9 +79,4 @@ async def observed(rollout: Awaitable[T]) -> T:
         return result
 
 
-async def as_coroutine(awaitable: Awaitable[T]) -> T:
-    """`awaitable` as a coroutine (what `run_all` takes)."""
-    return await awaitable
-
-
-__all__ = ["RolloutListener", "as_coroutine", "listener", "listening", "observed", "run_all"]
+__all__ = ["RolloutListener", "listener", "listening", "observed", "run_all"]

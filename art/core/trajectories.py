@@ -518,9 +518,7 @@ class PendingTrajectoryGroup:
             if listener is not None:
                 listener.add_trajectory(result)
 
-        await rollouts.run_all(
-            [rollouts.as_coroutine(run_one(i, item)) for i, item in enumerate(self.items)]
-        )
+        await rollouts.run_all([run_one(i, item) for i, item in enumerate(self.items)])
         return TrajectoryGroup(
             [outcome for outcome in outcomes if outcome is not None],
             exceptions=self.exceptions,
