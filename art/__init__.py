@@ -26,51 +26,51 @@ __version__ = "0.1.0"
 _install_refusals()
 
 _EXPORTS: dict[str, str] = {
-    "Trajectory": "art.core.trajectories",
-    "TrajectoryGroup": "art.core.trajectories",
-    "History": "art.core.trajectories",
-    "PydanticException": "art.core.trajectories",
-    "MetadataValue": "art.core.trajectories",
-    "Message": "art.core.types",
-    "MessageOrChoice": "art.core.types",
-    "Messages": "art.core.types",
-    "MessagesAndChoices": "art.core.types",
-    "Tool": "art.core.types",
-    "Tools": "art.core.types",
-    "TrainConfig": "art.core.types",
-    "TrainResult": "art.core.types",
-    "TrainSFTConfig": "art.core.types",
-    "LocalTrainResult": "art.core.types",
-    "ServerlessTrainResult": "art.core.types",
+    "Trajectory": "art.core.data.trajectories",
+    "TrajectoryGroup": "art.core.data.trajectories",
+    "History": "art.core.data.trajectories",
+    "PydanticException": "art.core.data.trajectories",
+    "MetadataValue": "art.core.data.trajectories",
+    "Message": "art.core.data.types",
+    "MessageOrChoice": "art.core.data.types",
+    "Messages": "art.core.data.types",
+    "MessagesAndChoices": "art.core.data.types",
+    "Tool": "art.core.data.types",
+    "Tools": "art.core.data.types",
+    "TrainConfig": "art.core.data.types",
+    "TrainResult": "art.core.data.types",
+    "TrainSFTConfig": "art.core.data.types",
+    "LocalTrainResult": "art.core.data.types",
+    "ServerlessTrainResult": "art.core.data.types",
     "Model": "art.core.model",
     "TrainableModel": "art.core.model",
     "Backend": "art.core.backend",
     "gather_trajectory_groups": "art.core.gather",
     "gather_trajectories": "art.core.gather",
-    "trajectory_group_batches": "art.core.not_built",
+    "trajectory_group_batches": "art.core.data.not_built",
     "iterate_dataset": "art.core.utils",
     "limit_concurrency": "art.core.utils",
     "retry": "art.core.utils",
-    "ArtError": "art.core.errors",
-    "ArtValueError": "art.core.errors",
-    "BackendError": "art.core.errors",
-    "ConfigError": "art.core.errors",
-    "JudgeError": "art.core.errors",
-    "ModelNotRegisteredError": "art.core.errors",
-    "MetricDefinition": "art.core.metrics_builder",
-    "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS": "art.core.metrics_builder",
-    "PIPELINE_RL_METRIC_DEFINITIONS": "art.core.metrics_builder",
-    "PIPELINE_RL_SCORE_METRICS": "art.core.metrics_builder",
-    "NotBuiltError": "art.core.errors",
-    "LocalServingUnavailableError": "art.core.errors",
-    "LoRAConfig": "art.core.dev",
+    "ArtError": "art.core.data.errors",
+    "ArtValueError": "art.core.data.errors",
+    "BackendError": "art.core.data.errors",
+    "ConfigError": "art.core.data.errors",
+    "JudgeError": "art.core.data.errors",
+    "ModelNotRegisteredError": "art.core.data.errors",
+    "MetricDefinition": "art.core.metrics.metrics_builder",
+    "PIPELINE_RL_DASHBOARD_DEFAULT_METRICS": "art.core.metrics.metrics_builder",
+    "PIPELINE_RL_METRIC_DEFINITIONS": "art.core.metrics.metrics_builder",
+    "PIPELINE_RL_SCORE_METRICS": "art.core.metrics.metrics_builder",
+    "NotBuiltError": "art.core.data.errors",
+    "LocalServingUnavailableError": "art.core.data.errors",
+    "LoRAConfig": "art.core.data.dev",
     "get_tokenizer": "art.runtime.tokenizer",
     "tokenize": "art.runtime.art_tokenize",
     "tensorize": "art.runtime.art_tokenize",
-    "RolloutError": "art.core.errors",
-    "StorageError": "art.core.errors",
-    "TrainingError": "art.core.errors",
-    "TrajectoryValidationError": "art.core.errors",
+    "RolloutError": "art.core.data.errors",
+    "StorageError": "art.core.data.errors",
+    "TrainingError": "art.core.data.errors",
+    "TrajectoryValidationError": "art.core.data.errors",
     "LocalBackend": "art.backends.local",
     "ServerlessBackend": "art.backends.serverless",
     "PipelineTrainer": "art.pipeline",
@@ -83,10 +83,10 @@ _EXPORTS: dict[str, str] = {
     "capture_sync_http_client": "art.integrations.capture",
     "capture_trace_config": "art.integrations.capture",
     "capture_requests_session": "art.integrations.capture",
-    "current_trajectory": "art.core.capture_scope",
-    "no_capture": "art.core.capture_scope",
-    "trajectory": "art.core.capture_scope",
-    "trajectory_group": "art.core.capture_scope",
+    "current_trajectory": "art.core.capture.capture_scope",
+    "no_capture": "art.core.capture.capture_scope",
+    "trajectory": "art.core.capture.capture_scope",
+    "trajectory_group": "art.core.capture.capture_scope",
     "yield_trajectory": "art.integrations.capture",
     "capture_yielded_trajectory": "art.integrations.capture",
 }
@@ -162,74 +162,74 @@ if TYPE_CHECKING:
     from .backends.local import LocalBackend as LocalBackend
     from .backends.serverless import ServerlessBackend as ServerlessBackend
     from .core.backend import Backend as Backend
-    from .core.capture_scope import current_trajectory as current_trajectory
-    from .core.capture_scope import no_capture as no_capture
-    from .core.capture_scope import trajectory as trajectory
-    from .core.capture_scope import trajectory_group as trajectory_group
-    from .core.dev import LoRAConfig as LoRAConfig
-    from .core.errors import (
+    from .core.capture.capture_scope import current_trajectory as current_trajectory
+    from .core.capture.capture_scope import no_capture as no_capture
+    from .core.capture.capture_scope import trajectory as trajectory
+    from .core.capture.capture_scope import trajectory_group as trajectory_group
+    from .core.data.dev import LoRAConfig as LoRAConfig
+    from .core.data.errors import (
         ArtError as ArtError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         ArtValueError as ArtValueError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         BackendError as BackendError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         ConfigError as ConfigError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         JudgeError as JudgeError,
     )
-    from .core.errors import LocalServingUnavailableError as LocalServingUnavailableError
-    from .core.errors import (
+    from .core.data.errors import LocalServingUnavailableError as LocalServingUnavailableError
+    from .core.data.errors import (
         ModelNotRegisteredError as ModelNotRegisteredError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         NotBuiltError as NotBuiltError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         RolloutError as RolloutError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         StorageError as StorageError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         TrainingError as TrainingError,
     )
-    from .core.errors import (
+    from .core.data.errors import (
         TrajectoryValidationError as TrajectoryValidationError,
     )
+    from .core.data.not_built import trajectory_group_batches as trajectory_group_batches
+    from .core.data.trajectories import History as History
+    from .core.data.trajectories import MetadataValue as MetadataValue
+    from .core.data.trajectories import PydanticException as PydanticException
+    from .core.data.trajectories import Trajectory as Trajectory
+    from .core.data.trajectories import TrajectoryGroup as TrajectoryGroup
+    from .core.data.types import LocalTrainResult as LocalTrainResult
+    from .core.data.types import Message as Message
+    from .core.data.types import MessageOrChoice as MessageOrChoice
+    from .core.data.types import Messages as Messages
+    from .core.data.types import MessagesAndChoices as MessagesAndChoices
+    from .core.data.types import ServerlessTrainResult as ServerlessTrainResult
+    from .core.data.types import Tool as Tool
+    from .core.data.types import Tools as Tools
+    from .core.data.types import TrainConfig as TrainConfig
+    from .core.data.types import TrainResult as TrainResult
+    from .core.data.types import TrainSFTConfig as TrainSFTConfig
     from .core.gather import gather_trajectories as gather_trajectories
     from .core.gather import gather_trajectory_groups as gather_trajectory_groups
-    from .core.metrics_builder import (
+    from .core.metrics.metrics_builder import (
         PIPELINE_RL_DASHBOARD_DEFAULT_METRICS as PIPELINE_RL_DASHBOARD_DEFAULT_METRICS,
     )
-    from .core.metrics_builder import (
+    from .core.metrics.metrics_builder import (
         PIPELINE_RL_METRIC_DEFINITIONS as PIPELINE_RL_METRIC_DEFINITIONS,
     )
-    from .core.metrics_builder import PIPELINE_RL_SCORE_METRICS as PIPELINE_RL_SCORE_METRICS
-    from .core.metrics_builder import MetricDefinition as MetricDefinition
+    from .core.metrics.metrics_builder import PIPELINE_RL_SCORE_METRICS as PIPELINE_RL_SCORE_METRICS
+    from .core.metrics.metrics_builder import MetricDefinition as MetricDefinition
     from .core.model import Model as Model
     from .core.model import TrainableModel as TrainableModel
-    from .core.not_built import trajectory_group_batches as trajectory_group_batches
-    from .core.trajectories import History as History
-    from .core.trajectories import MetadataValue as MetadataValue
-    from .core.trajectories import PydanticException as PydanticException
-    from .core.trajectories import Trajectory as Trajectory
-    from .core.trajectories import TrajectoryGroup as TrajectoryGroup
-    from .core.types import LocalTrainResult as LocalTrainResult
-    from .core.types import Message as Message
-    from .core.types import MessageOrChoice as MessageOrChoice
-    from .core.types import Messages as Messages
-    from .core.types import MessagesAndChoices as MessagesAndChoices
-    from .core.types import ServerlessTrainResult as ServerlessTrainResult
-    from .core.types import Tool as Tool
-    from .core.types import Tools as Tools
-    from .core.types import TrainConfig as TrainConfig
-    from .core.types import TrainResult as TrainResult
-    from .core.types import TrainSFTConfig as TrainSFTConfig
     from .core.utils import iterate_dataset as iterate_dataset
     from .core.utils import limit_concurrency as limit_concurrency
     from .core.utils import retry as retry

@@ -357,7 +357,7 @@ def refused_name(module: str, name: str) -> Any:
     reason = REFUSED_NAMES.get(f"{module}.{name}")
     if reason is None:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    from .core.not_built import not_built_function  # here: `import art` stays light
+    from .core.data.not_built import not_built_function  # here: `import art` stays light
 
     return not_built_function(f"{module}.{name}", reason)
 

@@ -1,7 +1,7 @@
 """ART's `art.api_costs` import path: pricing API responses and `track_api_cost` (see
-`art.core.api_costs`)."""
+`art.core.metrics.api_costs`)."""
 
-from .core.api_costs import (
+from .core.metrics.api_costs import (
     ANTHROPIC_PROVIDER,
     MODEL_TOKEN_PRICING,
     OPENAI_PROVIDER,
@@ -14,8 +14,8 @@ from .core.api_costs import (
     normalize_model_name,
     normalize_provider,
 )
-from .core.cost_tracking import ResponseGetter, track_api_cost
-from .core.costs import get_model_pricing, tokens_to_cost
+from .core.metrics.cost_tracking import ResponseGetter, track_api_cost
+from .core.metrics.costs import get_model_pricing, tokens_to_cost
 
 __all__ = [
     "ANTHROPIC_PROVIDER",

@@ -120,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ray:
         from .backends.ray.config import RayConfig
         from .backends.ray.placement import RayPlacement
-        from .core.errors import ConfigError
+        from .core.data.errors import ConfigError
 
         try:
             fields = json.loads(args.ray_config or "{}")
@@ -272,7 +272,7 @@ def _add_autorl(subparsers: Any) -> None:
 def _autorl(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .core.errors import ArtError
+    from .core.data.errors import ArtError
 
     try:
         return asyncio.run(_run_autorl(args))
@@ -353,7 +353,7 @@ def _add_show(subparsers: Any) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .core.errors import ArtError
+    from .core.data.errors import ArtError
     from .viewer import write_page
 
     try:
@@ -397,7 +397,7 @@ def _add_migrate(subparsers: Any) -> None:
 def _migrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .core.trajectory_migration import (
+    from .core.store.trajectory_migration import (
         MigrationResult,
         migrate_model_dir,
         migrate_trajectories_dir,

@@ -1,6 +1,6 @@
 """ART's `art.errors` import path: ART 0.5.23's exception names on `art`'s one error tree.
 
-Each name is the class of ours with the same meaning (see `art.core.errors`), so code
+Each name is the class of ours with the same meaning (see `art.core.data.errors`), so code
 that catches ART's exceptions catches ours:
 
 - `ARTError`, the base of ART's errors, is our base `ArtError`: catching it catches every
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .core.errors import (
+from .core.data.errors import (
     ArtError as ARTError,
 )
-from .core.errors import (
+from .core.data.errors import (
     ArtVllmMetricsTimeoutError,
     LocalServingUnavailableError,
     LoRADeploymentTimedOutError,
@@ -29,13 +29,13 @@ from .core.errors import (
 )
 
 if TYPE_CHECKING:
-    from .core.s3_client import ForbiddenBucketCreationError as ForbiddenBucketCreationError
+    from .core.store.s3_client import ForbiddenBucketCreationError as ForbiddenBucketCreationError
 
 
 def __getattr__(name: str) -> Any:
-    # art.core.s3_client holds the S3 errors: loaded only when its error is asked for.
+    # art.core.store.s3_client holds the S3 errors: loaded only when its error is asked for.
     if name == "ForbiddenBucketCreationError":
-        from .core.s3_client import ForbiddenBucketCreationError
+        from .core.store.s3_client import ForbiddenBucketCreationError
 
         return ForbiddenBucketCreationError
     raise AttributeError(f"module 'art.errors' has no attribute {name!r}")

@@ -1,15 +1,15 @@
 """ART's `art.metrics` import path: `MetricsBuilder` and `track_api_cost` (see
-`art.core.metrics_builder` and `art.core.cost_tracking`)."""
+`art.core.metrics.metrics_builder` and `art.core.metrics.cost_tracking`)."""
 
-from .core.api_costs import (
+from .core.metrics.api_costs import (
     CostExtractor,
     TokenPricing,
     extract_api_cost,
     normalize_model_name,
     normalize_provider,
 )
-from .core.cost_tracking import track_api_cost
-from .core.metrics_builder import (
+from .core.metrics.cost_tracking import track_api_cost
+from .core.metrics.metrics_builder import (
     PIPELINE_RL_DASHBOARD_DEFAULT_METRICS,
     PIPELINE_RL_METRIC_DEFINITIONS,
     PIPELINE_RL_SCORE_METRICS,

@@ -3,14 +3,14 @@
 from typing import Any
 
 from ._refusals import refused_name
-from .core.history_keys import (
+from .core.metrics.history_keys import (
     METRIC_SECTIONS,
     METRIC_SPLITS,
     WANDB_CANONICAL_METRIC_KEYS,
     WANDB_CANONICAL_METRIC_PREFIXES,
 )
 from .core.model import Model, TrainableModel
-from .core.model_store import METRICS_BUILDER_STATE_KEY
+from .core.store.model_store import METRICS_BUILDER_STATE_KEY
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@
 from typing import Any
 
 from ._refusals import refused_name
-from .core.types import (
+from .core.data.types import (
     LocalTrainResult,
     Message,
     MessageOrChoice,

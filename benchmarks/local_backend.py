@@ -54,7 +54,7 @@ from support.machine import machine
 from support.trl_data import trl_dataset
 
 import art
-from art.core.dev import PeftArgs
+from art.core.data.dev import PeftArgs
 from art.core.gather import completion_tokens
 from art.local import LocalBackend
 from art.runtime import models

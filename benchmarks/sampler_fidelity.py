@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from support.machine import machine
 
-from art.core.dev import PeftArgs
+from art.core.data.dev import PeftArgs
 from art.runtime import models
 from art.runtime.engines.base import SamplingParams
 from art.runtime.engines.transformers.engine import TransformersEngine

@@ -240,7 +240,7 @@ def trl_child(trajectories: int, completion_tokens: int) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from art.core.dev import PeftArgs
+    from art.core.data.dev import PeftArgs
     from art.runtime.trainer.peft_trainer import lora_config
 
     tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))

@@ -122,7 +122,7 @@ def name_state(module: str, name: str) -> State:
         value = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as error:
         return State(False, _reason(error))
-    # art.core.not_built's placeholders carry the reason they give when used.
+    # art.core.data.not_built's placeholders carry the reason they give when used.
     refusal = getattr(value, "__art_refused__", None)
     return State(True, "") if refusal is None else State(False, str(refusal))
 

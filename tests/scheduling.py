@@ -25,7 +25,7 @@ from typing import Any
 
 from xdist.scheduler import LoadFileScheduling
 
-from art.core.atomic import write_text_atomic
+from art.core.store.atomic import write_text_atomic
 
 # Each lock's unit: the modules (or single tests) that take it. tests/test_scheduling.py
 # checks that every module naming a lock is listed under it.

@@ -353,7 +353,7 @@ def test_a_public_name_without_a_docstring_fails_the_check(tmp_path: Path) -> No
 
     copy = tmp_path / "art"
     shutil.copytree(REPO / "art", copy)
-    types = copy / "core" / "types.py"
+    types = copy / "core" / "data" / "types.py"
     text = types.read_text()
     stripped = re.sub(
         r'^Tools: TypeAlias = list\[Tool\]\n"""[^\n]*"""\n',
@@ -374,7 +374,7 @@ def test_a_public_name_without_a_docstring_fails_the_check(tmp_path: Path) -> No
 
 
 def test_coming_from_art_names_every_keyword_refused() -> None:
-    from art.core.train_options import NOT_BUILT
+    from art.core.data.train_options import NOT_BUILT
 
     page = (DOCS / "coming-from-art.md").read_text()
     missing = [keyword for keyword in NOT_BUILT if f"`{keyword}`" not in page]

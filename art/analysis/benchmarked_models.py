@@ -21,10 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..core.atomic import atomic_path
-from ..core.errors import ConfigError
-from ..core.model_store import ModelStore
-from ..core.trajectories import TrajectoryGroup
+from ..core.data.errors import ConfigError
+from ..core.data.trajectories import TrajectoryGroup
+from ..core.store.atomic import atomic_path
+from ..core.store.model_store import ModelStore
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 from .tables import BenchmarkModelKey, as_table, filter_rename_model_split, require_columns
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..core.errors import ConfigError
-from ..core.s3 import pull_model_from_s3
+from ..core.data.errors import ConfigError
+from ..core.store.s3 import pull_model_from_s3
 
 if TYPE_CHECKING:
     from ..core.model import Model

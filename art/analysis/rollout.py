@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
 from ..core.gather import gather_trajectory_groups
-from ..core.trajectories import Trajectory, TrajectoryGroup
 
 
 async def benchmark_rollout(

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ..core.errors import ConfigError
-from ..core.model_store import ModelStore, list_models, list_projects
-from ..core.trajectories import Trajectory, TrajectoryGroup
-from ..core.types import MessageOrChoice
+from ..core.data.errors import ConfigError
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
+from ..core.data.types import MessageOrChoice
+from ..core.store.model_store import ModelStore, list_models, list_projects
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.api_costs import CostUnavailableError, load_litellm
-from ..core.arguments import check_at_least
-from ..core.cost_tracking import record_api_cost
-from ..core.errors import ArtError, ConfigError
+from ..core.data.arguments import check_at_least
+from ..core.data.errors import ArtError, ConfigError
+from ..core.metrics.api_costs import CostUnavailableError, load_litellm
+from ..core.metrics.cost_tracking import record_api_cost
 
 # The generator's calls are costed as `costs/<context>/autorl/inputs` (ART's scheme).
 COST_SOURCE = "autorl/inputs"

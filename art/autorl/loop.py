@@ -19,16 +19,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.arguments import check_at_least
-from ..core.atomic import write_text_atomic
 from ..core.backend import Backend
-from ..core.errors import ConfigError, JudgeError
+from ..core.data.arguments import check_at_least
+from ..core.data.errors import ConfigError, JudgeError
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
+from ..core.data.types import Message, TrainConfig
 from ..core.gather import gather_trajectory_groups
-from ..core.metrics import group_metrics
+from ..core.metrics.batch_metrics import group_metrics
 from ..core.model import TrainableModel
-from ..core.model_store import ModelStore
-from ..core.trajectories import Trajectory, TrajectoryGroup
-from ..core.types import Message, TrainConfig
+from ..core.store.atomic import write_text_atomic
+from ..core.store.model_store import ModelStore
 from .inputs import GeneratedInputs, generate_inputs
 
 JUDGE_RUBRIC = """\

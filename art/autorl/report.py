@@ -6,7 +6,7 @@ import html
 import math
 from pathlib import Path
 
-from ..core.atomic import atomic_path, write_text_atomic
+from ..core.store.atomic import atomic_path, write_text_atomic
 from .loop import AutoRLResult, Evaluation
 
 

@@ -39,9 +39,9 @@ from typing import Any, Unpack
 
 import httpx
 
-from ..core import dev
 from ..core.backend import InferenceEndpoint
-from ..core.errors import (
+from ..core.data import dev
+from ..core.data.errors import (
     ArtValueError,
     BackendError,
     ConfigError,
@@ -49,14 +49,14 @@ from ..core.errors import (
     TrainingError,
     TrajectoryValidationError,
 )
+from ..core.data.sft_data import SFTDataError, trajectory_problems
+from ..core.data.train_options import ServerlessTrainKeywords, serverless_train_options
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
+from ..core.data.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
+from ..core.data.wandb_names import STEP_SEPARATOR, inference_name, parse_inference_name
 from ..core.model import Model, TrainableModel
-from ..core.model_store import ModelStore
-from ..core.sft_data import SFTDataError, trajectory_problems
-from ..core.train_options import ServerlessTrainKeywords, serverless_train_options
+from ..core.store.model_store import ModelStore
 from ..core.training import run_step
-from ..core.trajectories import Trajectory, TrajectoryGroup
-from ..core.types import ServerlessTrainResult, TrainConfig, TrainSFTConfig
-from ..core.wandb_names import STEP_SEPARATOR, inference_name, parse_inference_name
 
 DEFAULT_BASE_URL = "https://api.training.wandb.ai/v1"
 _POLL_SECONDS = 20.0  # how long one events request waits on `art serve` for news
@@ -215,7 +215,7 @@ class ServerlessBackend:
 
         Log the groups and `result.metrics` with `model.log` yourself, or use
         `model.train`. The keywords are ART's, with its defaults (what each does:
-        `art.core.train_options`), sent as the job's `experimental_config`; `art serve`
+        `art.core.data.train_options`), sent as the job's `experimental_config`; `art serve`
         trains with each of them.
         """
         options = serverless_train_options(**keywords)
@@ -354,7 +354,7 @@ class ServerlessBackend:
     ) -> int:
         """Pull the source's checkpoint from S3 into a temporary path, check its base
         model, and upload it zipped as `model`'s checkpoint of the same step."""
-        from ..core import s3
+        from ..core.store import s3
 
         step = await s3.fork_step_from_s3(name, project, bucket, prefix, not_after_step, verbose)
         with tempfile.TemporaryDirectory(prefix="art-fork-") as tmp:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from ..core.errors import BackendError, ConfigError
+from ..core.data.errors import BackendError, ConfigError
 from .serverless import ServerlessBackend
 
 DEFAULT_PORT = 8000

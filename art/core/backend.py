@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import dev
-from .trajectories import Trajectory, TrajectoryGroup
-from .types import TrainConfig, TrainResult, TrainSFTConfig
+from .data import dev
+from .data.trajectories import Trajectory, TrajectoryGroup
+from .data.types import TrainConfig, TrainResult, TrainSFTConfig
 
 if TYPE_CHECKING:
     from .model import Model, TrainableModel
@@ -77,7 +77,7 @@ class Backend(Protocol):
     ) -> TrainResult:
         """ART's training call: one step on `trajectory_groups`, nothing logged.
 
-        Each backend takes ART's keywords for it (`art.core.train_options`), honoured or
+        Each backend takes ART's keywords for it (`art.core.data.train_options`), honoured or
         refused by name; the result holds the step after training and its metrics.
         """
         ...

@@ -14,17 +14,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
-from openai.types.chat.chat_completion import Choice
 from tqdm.auto import tqdm
 
-from .errors import ConfigError
-from .rollouts import listening, observed, run_all
-from .trajectories import (
+from .data.errors import ConfigError
+from .data.rollouts import listening, observed, run_all
+from .data.trajectories import (
     PendingTrajectoryGroup,
     PydanticException,
     Trajectory,
     TrajectoryGroup,
 )
+from .metrics.batch_metrics import completion_tokens
 
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | list[TrajectoryGroup] | None]]
 T = TypeVar("T")
@@ -112,24 +112,6 @@ class _Progress:
             return
         self.bar.set_postfix(self.postfix(), refresh=False)
         self.bar.update(advance)
-
-
-def completion_tokens(trajectory: Trajectory) -> int:
-    """Tokens the model sampled in this trajectory, where the choices say."""
-    total = 0
-    histories = [trajectory.messages_and_choices] + [
-        history.messages_and_choices for history in trajectory.additional_histories
-    ]
-    for items in histories:
-        for item in items:
-            if not isinstance(item, Choice):
-                continue
-            token_ids = (item.model_extra or {}).get("token_ids")
-            if isinstance(token_ids, list):
-                total += len(token_ids)
-            elif item.logprobs is not None and item.logprobs.content is not None:
-                total += len(item.logprobs.content)
-    return total
 
 
 def _check_max_exceptions(max_exceptions: int | float) -> None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from .model_store import ModelStore
+from .store.model_store import ModelStore
 
 if TYPE_CHECKING:
+    from .data.trajectories import TrajectoryGroup
     from .model import Model
-    from .trajectories import TrajectoryGroup
 
 
 class StoreLog:

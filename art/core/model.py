@@ -21,21 +21,21 @@ from pydantic import (
     model_validator,
 )
 
-from . import dev, observe
 from .backend import Backend, InferenceEndpoint
-from .config_errors import ConfigModel, config_error
-from .errors import ConfigError, ModelNotRegisteredError, NotBuiltError
-from .history_keys import batch_keys, qualify_metric_key, user_metric_keys
-from .log_checks import check_metrics, check_split
-from .metrics import group_costs, group_metrics
-from .metrics_builder import MetricsBuilder
-from .model_store import ModelStore
+from .data import dev, observe
+from .data.config_errors import ConfigModel, config_error
+from .data.errors import ConfigError, ModelNotRegisteredError, NotBuiltError
+from .data.log_checks import check_metrics, check_split
+from .data.trajectories import Trajectory, TrajectoryGroup
+from .data.types import TrainConfig, TrainSFTConfig
+from .data.validation import coerce_groups
+from .metrics.batch_metrics import group_costs, group_metrics
+from .metrics.history_keys import batch_keys, qualify_metric_key, user_metric_keys
+from .metrics.metrics_builder import MetricsBuilder
 from .protocol_backend import ProtocolBackend
 from .step_ledger import StepLedger
+from .store.model_store import ModelStore
 from .training import record, run_sft, run_step
-from .trajectories import Trajectory, TrajectoryGroup
-from .types import TrainConfig, TrainSFTConfig
-from .validation import coerce_groups
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -182,7 +182,7 @@ class Model(ConfigModel):
         import httpx
         from openai import AsyncOpenAI
 
-        from .recording import RecordingAsyncTransport, served_as
+        from .capture.recording import RecordingAsyncTransport, served_as
 
         # A long rollout turn on a busy CPU engine is not a failure.
         timeout = httpx.Timeout(1200.0, connect=10.0)

@@ -24,12 +24,12 @@ import inspect
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import dev
 from .backend import InferenceEndpoint
-from .errors import ConfigError
-from .model_store import ModelStore
-from .trajectories import Trajectory, TrajectoryGroup
-from .types import TrainConfig, TrainResult, TrainSFTConfig
+from .data import dev
+from .data.errors import ConfigError
+from .data.trajectories import Trajectory, TrajectoryGroup
+from .data.types import TrainConfig, TrainResult, TrainSFTConfig
+from .store.model_store import ModelStore
 
 if TYPE_CHECKING:
     from .model import Model, TrainableModel

@@ -17,9 +17,9 @@ import threading
 import time
 
 from .backend import Backend
-from .errors import ModelNotRegisteredError
-from .metrics_builder import MetricsBuilder
-from .model_store import METRICS_BUILDER_STATE_KEY, ModelStore
+from .data.errors import ModelNotRegisteredError
+from .metrics.metrics_builder import MetricsBuilder
+from .store.model_store import METRICS_BUILDER_STATE_KEY, ModelStore
 
 # Serializes state.json writes in this process (a lock per model would not pickle).
 _STATE_WRITES = threading.Lock()

@@ -31,9 +31,13 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import dev, observe
-from .errors import ConfigError, TrainingError
-from .history_keys import (
+from .data import dev, observe
+from .data.errors import ConfigError, TrainingError
+from .data.trajectories import Trajectory, TrajectoryGroup
+from .data.types import TrainConfig, TrainSFTConfig
+from .data.validation import check_trainable, coerce_groups
+from .metrics.batch_metrics import group_costs, group_metrics
+from .metrics.history_keys import (
     METRIC_SECTIONS,
     SFT_TRAINER_KEYS,
     batch_keys,
@@ -42,11 +46,7 @@ from .history_keys import (
     user_metric_keys,
     wandb_metrics,
 )
-from .metrics import group_costs, group_metrics
-from .metrics_taxonomy import SFT_METRIC_PREFIX, average_metric_samples
-from .trajectories import Trajectory, TrajectoryGroup
-from .types import TrainConfig, TrainSFTConfig
-from .validation import check_trainable, coerce_groups
+from .metrics.metrics_taxonomy import SFT_METRIC_PREFIX, average_metric_samples
 
 if TYPE_CHECKING:
     from .backend import Backend

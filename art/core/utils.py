@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, ParamSpec, TypeVar
 
-from .errors import ConfigError
+from .data.errors import ConfigError
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -10,7 +10,7 @@ submodules (`art.dev.model`, `.engine`, `.train`, `.openai_server`, `.validate`,
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.dev import (
+from ..core.data.dev import (
     EngineArgs,
     InitArgs,
     InternalModelConfig,
@@ -27,7 +27,7 @@ from ..core.dev import (
     is_external_vllm_mode,
     validate_dedicated_config,
 )
-from ..core.not_built import not_built_class, not_built_function
+from ..core.data.not_built import not_built_class, not_built_function
 
 # Imported from its submodule (as ART does), so `art.dev.get_model_config` stays the
 # function once the module of that name has been imported.

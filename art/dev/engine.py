@@ -3,7 +3,7 @@
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.dev import EngineArgs
+from ..core.data.dev import EngineArgs
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.not_built import not_built_function
+from ..core.data.not_built import not_built_function
 
 get_model_config = not_built_function(
     "art.dev.get_model_config",

@@ -7,7 +7,7 @@ as in ART; they are loaded from transformers on first use, so this module stays 
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.dev import (
+from ..core.data.dev import (
     InitArgs,
     InternalModelConfig,
     LoRAConfig,

@@ -1,5 +1,5 @@
 """ART's `art.dev.train` import path."""
 
-from ..core.dev import TrainConfig, TrainSFTConfig
+from ..core.data.dev import TrainConfig, TrainSFTConfig
 
 __all__ = ["TrainConfig", "TrainSFTConfig"]

@@ -3,7 +3,7 @@
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.dev import is_dedicated_mode, is_external_vllm_mode, validate_dedicated_config
+from ..core.data.dev import is_dedicated_mode, is_external_vllm_mode, validate_dedicated_config
 
 
 def __getattr__(name: str) -> Any:

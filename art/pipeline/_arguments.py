@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 from ..core.model import TrainableModel
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineRuntimeConfig
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..core.exchange_histories import policy_versions
-from ..core.exchanges import sampled_tokens
-from ..core.gather import completion_tokens
-from ..core.trajectories import Trajectory, TrajectoryGroup
+from ..core.data.exchange_histories import policy_versions
+from ..core.data.exchanges import sampled_tokens
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
+from ..core.metrics.batch_metrics import completion_tokens
 
 
 def choice_versions(trajectory: Trajectory) -> list[int]:

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..core.atomic import write_text_atomic
+from ..core.store.atomic import write_text_atomic
 
 STATE_FILE = "pipeline_state.json"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
 from ..core.model import TrainableModel
-from ..core.trajectories import Trajectory, TrajectoryGroup
 
 ScalarMetadataValue = float | int | str | bool | None
 """A value a scenario's fields may hold to be kept as its trajectories' metadata."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 from ..pipeline_tuner.attachment import PipelineAutotunerAttachment
 from ..pipeline_tuner.autotune import DECISION_METRIC
 from ..pipeline_tuner.config import PipelineAutotuneConfig, PipelineMetric

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 
 _CAPACITY_DEFAULTS = {"trajectory_capacity_records": 16_384, "trajectory_capacity_bytes": 4 << 30}
 

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from ..core.errors import ArtValueError
-from ..core.model_store import ModelStore
+from ..core.data.errors import ArtValueError
+from ..core.store.model_store import ModelStore
 
 CHECKPOINT_CREATED_AT_METRIC = "checkpoint/created_at_unix"
 CHECKPOINT_EVAL_COMPLETED_METRIC = "checkpoint/eval_completed"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core.trajectories import TrajectoryGroup
+from ..core.data.trajectories import TrajectoryGroup
 from ._staleness import turn_ages
 
 CRITICAL_ROLLOUT_BATCH_SIZE = 300.0

@@ -37,8 +37,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..core.errors import ConfigError
-from ..core.trajectories import TrajectoryGroup
+from ..core.data.errors import ConfigError
+from ..core.data.trajectories import TrajectoryGroup
 from ._staleness import has_no_variance, staleness_metrics
 
 

@@ -42,13 +42,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Seq
 from pathlib import Path
 from typing import Any, Generic, cast
 
-from ..core import dev
-from ..core.errors import ConfigError, RolloutError
+from ..core.data import dev
+from ..core.data.errors import ConfigError, RolloutError
+from ..core.data.trajectories import Trajectory, TrajectoryGroup
+from ..core.data.types import TrainConfig
 from ..core.model import TrainableModel
-from ..core.model_store import ModelStore
+from ..core.store.model_store import ModelStore
 from ..core.training import run_step
-from ..core.trajectories import Trajectory, TrajectoryGroup
-from ..core.types import TrainConfig
 from ..pipeline_tuner.config import (
     PipelineAutotuneConfig,
     PipelineRuntimeConfig,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 from .autotune import PipelineAutotuner, build_initial_settings
 from .config import (
     UNMEASURED_FIELDS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.atomic import write_text_atomic
+from ..core.store.atomic import write_text_atomic
 from .config import PipelineAutotunerProfile
 
 if TYPE_CHECKING:

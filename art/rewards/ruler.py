@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name == "acompletion":
-        from ..core.api_costs import load_litellm
+        from ..core.metrics.api_costs import load_litellm
 
         value: Any = load_litellm().acompletion
     elif name == "ModelResponse":
-        from ..core.api_costs import load_litellm
+        from ..core.metrics.api_costs import load_litellm
 
         load_litellm()
         from litellm.types.utils import ModelResponse

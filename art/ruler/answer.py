@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from ..core.errors import JudgeError
+from ..core.data.errors import JudgeError
 
 
 class TrajectoryScore(BaseModel):

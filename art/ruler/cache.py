@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.atomic import write_text_atomic
+from ..core.store.atomic import write_text_atomic
 
 # Parameters that choose who pays or how long to wait, not what the judge answers.
 _NOT_IN_KEY = frozenset({"api_key", "timeout", "num_retries", "max_retries", "metadata"})

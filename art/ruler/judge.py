@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.api_costs import CostUnavailableError, extract_api_cost, load_litellm
-from ..core.errors import ConfigError, JudgeError, TrajectoryValidationError
-from ..core.metrics_builder import MetricsBuilder
-from ..core.trajectories import History, Trajectory, TrajectoryGroup
-from ..core.types import Message, Tool
+from ..core.data.errors import ConfigError, JudgeError, TrajectoryValidationError
+from ..core.data.trajectories import History, Trajectory, TrajectoryGroup
+from ..core.data.types import Message, Tool
+from ..core.metrics.api_costs import CostUnavailableError, extract_api_cost, load_litellm
+from ..core.metrics.metrics_builder import MetricsBuilder
 from .answer import TrajectoryScore, parse_scores
 from .cache import JudgeCache, cache_key, default_cache_dir
 from .prompt import DEFAULT_RUBRIC, judge_messages, response_format, trajectory_ids

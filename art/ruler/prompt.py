@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from textwrap import dedent
 from typing import Any
 
-from ..core.types import Message, Tool
+from ..core.data.types import Message, Tool
 
 DEFAULT_RUBRIC = dedent(
     """\

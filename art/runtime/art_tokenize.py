@@ -3,7 +3,7 @@
 Each trajectory's one conversation becomes the token sequence the trainer trains on: the
 prompt ids and sampled ids the endpoint returned (flagged `EXACT`, and `SAMPLED` on the
 model's own tokens), with the sampler's logprobs. A captured trajectory's conversations are
-`art.core.exchange_histories`'; a hand-built trajectory's plain assistant turns are
+`art.core.data.exchange_histories`'; a hand-built trajectory's plain assistant turns are
 rendered with the base model's chat template as the trainer renders them (flagged
 `ASSISTANT | OUTPUT`, not `EXACT`). The sequence ends with the last trained token: context
 after it is never part of a training sequence.
@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..core.dev import InternalModelConfig
-from ..core.errors import TrajectoryValidationError
-from ..core.exchange_histories import histories_of, selected_exchanges
-from ..core.tokenized import (
+from ..core.data.dev import InternalModelConfig
+from ..core.data.errors import TrajectoryValidationError
+from ..core.data.exchange_histories import histories_of, selected_exchanges
+from ..core.data.tokenized import (
     Device,
     TensorizedTrajectory,
     TensorizedTrajectoryGroup,
@@ -26,7 +26,7 @@ from ..core.tokenized import (
     TokenizedTrajectory,
     TokenizedTrajectoryGroup,
 )
-from ..core.trajectories import History, Trajectory, TrajectoryGroup
+from ..core.data.trajectories import History, Trajectory, TrajectoryGroup
 from .chat_format import ChatRendering, chat_rendering
 from .tokenizer import get_tokenizer
 from .trainer.tokenize import TrainingSequence, tokenize_history

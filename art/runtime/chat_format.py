@@ -19,7 +19,7 @@ from typing import Any, Literal
 import jinja2
 import jinja2.nodes
 
-from ..core import dev
+from ..core.data import dev
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from ..core.errors import BackendError
+from ..core.data.errors import BackendError
 from .service.api import ServiceAPI
 
 

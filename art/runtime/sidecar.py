@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 
 
 def find_python(env_var: str, venv: Path, *, stamp: str | None = None) -> Path | None:

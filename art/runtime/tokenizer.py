@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import ConfigError
+from ..core.data.errors import ConfigError
 from .models import DEFAULT_MODEL, resolve
 
 if TYPE_CHECKING:

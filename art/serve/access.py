@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..core.atomic import write_text_atomic
+from ..core.store.atomic import write_text_atomic
 from ..runtime.endpoint.server import ApiError
 
 logger = logging.getLogger("art.serve")

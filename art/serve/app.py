@@ -40,11 +40,11 @@ from fastapi import FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
-from ..core.arguments import parse_step
-from ..core.errors import ConfigError
-from ..core.log_checks import check_split
-from ..core.model_store import ModelStore
-from ..core.validation import coerce_groups
+from ..core.data.arguments import parse_step
+from ..core.data.errors import ConfigError
+from ..core.data.log_checks import check_split
+from ..core.data.validation import coerce_groups
+from ..core.store.model_store import ModelStore
 from ..runtime.endpoint.server import ApiError, build_app
 from ..runtime.service.placement import Placement
 from .access import KeyStore, RequireKey, current

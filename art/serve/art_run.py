@@ -52,11 +52,11 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from ..backends.local import LocalBackend
-from ..core import dev
-from ..core.errors import ArtValueError, TrainingError
+from ..core.data import dev
+from ..core.data.errors import ArtValueError, TrainingError
+from ..core.data.types import TrainConfig
 from ..core.model import Model, TrainableModel
 from ..core.training import run_step
-from ..core.types import TrainConfig
 from ..runtime.endpoint.server import ApiError, Route, build_app
 from ..runtime.service.model_service import ModelService
 from .errors import add_error_handlers, json_path
@@ -281,7 +281,7 @@ def _s3_options(data: Any) -> tuple[Model, dict[str, Any]]:
 @contextlib.contextmanager
 def _s3_errors() -> Iterator[None]:
     """The S3 calls' failures as answers: what is missing 404, the rest 502."""
-    from ..core.s3_client import S3Error
+    from ..core.store.s3_client import S3Error
 
     try:
         yield
@@ -324,7 +324,7 @@ def _object(data: Any, where: str, fields: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _groups(data: Any) -> list[Any]:
-    from ..core.trajectories import TrajectoryGroup
+    from ..core.data.trajectories import TrajectoryGroup
 
     if not isinstance(data, list):
         raise ApiError(400, "trajectory_groups: must be a list", param="trajectory_groups")

@@ -16,8 +16,8 @@ import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from ..core.atomic import replace_dir_atomic
-from ..core.model_store import ModelStore
+from ..core.store.atomic import replace_dir_atomic
+from ..core.store.model_store import ModelStore
 from ..runtime.endpoint.request import ApiError
 
 MAX_UNPACKED_BYTES = 8 * 1024**3

@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core.errors import ArtValueError
-from ..core.sft_data import SHOWN_PROBLEMS, SFTDataError
+from ..core.data.errors import ArtValueError
+from ..core.data.sft_data import SHOWN_PROBLEMS, SFTDataError
 from ..runtime.endpoint.server import ApiError
 from .access import log_rejected
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from ..core.errors import ArtValueError, TrainingError
+from ..core.data.errors import ArtValueError, TrainingError
 
 logger = logging.getLogger("art.serve")
 

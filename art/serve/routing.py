@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..core.arguments import parse_step
-from ..core.model_store import ModelStore
-from ..core.wandb_names import inference_name, parse_inference_name
+from ..core.data.arguments import parse_step
+from ..core.data.wandb_names import inference_name, parse_inference_name
+from ..core.store.model_store import ModelStore
 from ..runtime.endpoint.server import ApiError, Route
 from ..runtime.service.model_service import ModelService, served_name
 from .access import current

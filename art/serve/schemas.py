@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core import dev
-from ..core.errors import ConfigError
-from ..core.types import TrainConfig
+from ..core.data import dev
+from ..core.data.errors import ConfigError
+from ..core.data.types import TrainConfig
 from ..runtime.endpoint.server import ApiError
 
 MAX_STEP = 2**31 - 1  # a step names files and directories: far beyond any run's

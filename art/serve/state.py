@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..core import dev
-from ..core.errors import ArtValueError, ConfigError
-from ..core.model_store import ModelStore, fork_checkpoint
-from ..core.registration import refuse_changed_registration
-from ..core.sft_data import check_file, read_file, spool_examples
-from ..core.trajectories import TrajectoryGroup
-from ..core.types import TrainSFTConfig
-from ..core.validation import check_trainable, coerce_groups
+from ..core.data import dev
+from ..core.data.errors import ArtValueError, ConfigError
+from ..core.data.registration import refuse_changed_registration
+from ..core.data.sft_data import check_file, read_file, spool_examples
+from ..core.data.trajectories import TrajectoryGroup
+from ..core.data.types import TrainSFTConfig
+from ..core.data.validation import check_trainable, coerce_groups
+from ..core.store.model_store import ModelStore, fork_checkpoint
 from ..runtime.endpoint.server import ApiError
 from ..runtime.service.model_service import ModelService
 from ..runtime.service.placement import Placement

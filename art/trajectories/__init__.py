@@ -3,15 +3,20 @@
 from typing import Any
 
 from .._refusals import refused_name
-from ..core.capture_scope import current_trajectory, no_capture, trajectory, trajectory_group
-from ..core.exchanges import (
+from ..core.capture.capture_scope import (
+    current_trajectory,
+    no_capture,
+    trajectory,
+    trajectory_group,
+)
+from ..core.data.exchanges import (
     ChatCompletionsExchange,
     CompletionsExchange,
     MessagesExchange,
     ResponsesExchange,
     TrajectoryExchanges,
 )
-from ..core.tokenized import (
+from ..core.data.tokenized import (
     TensorizedHistory,
     TensorizedTrajectory,
     TensorizedTrajectoryGroup,
@@ -20,14 +25,14 @@ from ..core.tokenized import (
     TokenizedTrajectory,
     TokenizedTrajectoryGroup,
 )
-from ..core.trajectories import (
+from ..core.data.trajectories import (
     History,
     MetadataValue,
     PydanticException,
     Trajectory,
     TrajectoryGroup,
 )
-from ..core.trajectories import messages_of as get_messages
+from ..core.data.trajectories import messages_of as get_messages
 
 
 def __getattr__(name: str) -> Any:

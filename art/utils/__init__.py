@@ -7,7 +7,7 @@
 
 # Imported from the submodules (as ART does), so importing a submodule later does not
 # replace the function of the same name on this package.
-from ..core.not_built import not_built_function
+from ..core.data.not_built import not_built_function
 from .format_message import format_message
 from .get_model_step import get_model_step
 from .iterate_dataset import DatasetBatch, iterate_dataset

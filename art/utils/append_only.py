@@ -8,13 +8,13 @@ third-party renderer is patched: those names raise `NotBuiltError` saying so. Th
 chat helpers work as ART's.
 """
 
-from ..core.chat_deltas import (
+from ..core.capture.chat_deltas import (
     has_renderable_tool_arguments,
     merge_chat_delta,
     openai_tool_arguments,
     preserves_history,
 )
-from ..core.not_built import not_built_class, not_built_function
+from ..core.data.not_built import not_built_class, not_built_function
 
 _EXACT_IDS = (
     "ART maps re-rendered history tokens back to the ids its vLLM/SGLang patches first "

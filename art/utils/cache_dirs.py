@@ -1,6 +1,6 @@
 """ART's `art.utils.cache_dirs`: Hugging Face, torch, Triton and vLLM caches under one root."""
 
-from ..core.cache_dirs import (
+from ..core.store.cache_dirs import (
     cache_filesystem_type,
     compiler_cache_root,
     configure_model_cache_env,

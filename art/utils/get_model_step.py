@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..core.model import Model
-from ..core.model_store import ModelStore
+from ..core.store.model_store import ModelStore
 
 
 def get_step_from_dir(output_dir: str | os.PathLike[str]) -> int:

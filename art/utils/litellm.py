@@ -7,7 +7,7 @@ from typing import Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ..core.errors import ArtValueError
+from ..core.data.errors import ArtValueError
 
 # Fields LiteLLM adds to a choice or message that are its own bookkeeping, not the model's.
 _LITELLM_ONLY = {"provider_specific_fields", "function_call", "thinking_blocks", "annotations"}

@@ -8,7 +8,7 @@ from typing import ParamSpec, TypeVar
 
 import httpx
 
-from ..core.errors import BackendError
+from ..core.data.errors import BackendError
 
 P = ParamSpec("P")
 R = TypeVar("R")

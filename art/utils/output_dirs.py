@@ -1,6 +1,6 @@
 """ART's `art.utils.output_dirs`: the paths of a model's directory, checkpoints and logs."""
 
-from ..core.run_paths import (
+from ..core.store.run_paths import (
     get_default_art_path,
     get_model_dir,
     get_models_dir,

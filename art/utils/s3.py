@@ -1,8 +1,8 @@
 """ART's `art.utils.s3` module path: model directories pushed to and pulled from S3
-(`art.core.s3`, through boto3 instead of ART's `aws` CLI). A push publishes each checkpoint
-only when complete, and readers take only published ones (`art.core.s3_publish`)."""
+(`art.core.store.s3`, through boto3 instead of ART's `aws` CLI). A push publishes each checkpoint
+only when complete, and readers take only published ones (`art.core.store.s3_publish`)."""
 
-from ..core.s3 import (
+from ..core.store.s3 import (
     ExcludableOption,
     S3SyncError,
     archive_and_presign_step_url,
@@ -13,7 +13,7 @@ from ..core.s3 import (
     push_model_to_s3,
     s3_sync,
 )
-from ..core.s3_publish import UnpublishedCheckpointWarning
+from ..core.store.s3_publish import UnpublishedCheckpointWarning
 
 __all__ = [
     "ExcludableOption",

@@ -16,9 +16,9 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..core import dev, sft_data
-from ..core.errors import ArtValueError
-from ..core.sft_data import (
+from ..core.data import dev, sft_data
+from ..core.data.errors import ArtValueError
+from ..core.data.sft_data import (
     ScheduleType,
     SFTChunk,
     SFTDataError,
@@ -28,12 +28,12 @@ from ..core.sft_data import (
     get_file_row_count,
     resolve_sft_batch_size,
 )
+from ..core.data.types import TrainSFTConfig
 from ..core.training import run_sft
-from ..core.types import TrainSFTConfig
 
 if TYPE_CHECKING:
+    from ..core.data.trajectories import Trajectory
     from ..core.model import TrainableModel
-    from ..core.trajectories import Trajectory
 
 logger = logging.getLogger("art")
 

@@ -4,5 +4,5 @@ result = migrate_model_dir("./.art/my-project/models/my-model")   # or: art migr
 """
 
 # The implementation's names, as they are: its __all__ is this path's.
-from ..core.trajectory_migration import *  # noqa: F403
-from ..core.trajectory_migration import __all__ as __all__
+from ..core.store.trajectory_migration import *  # noqa: F403
+from ..core.store.trajectory_migration import __all__ as __all__

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.atomic import write_text_atomic
+from ..core.store.atomic import write_text_atomic
 from ._page import render_page
 from ._read import RunLocation, locate, read_project
 

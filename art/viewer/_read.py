@@ -16,12 +16,12 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ..core.errors import ConfigError
-from ..core.history_keys import TRAINING_STEP_KEY
-from ..core.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
-from ..core.model_store import ModelStore, list_models, list_projects
-from ..core.trajectories import History, Trajectory, TrajectoryGroup
-from ..core.types import MessageOrChoice
+from ..core.data.errors import ConfigError
+from ..core.data.trajectories import History, Trajectory, TrajectoryGroup
+from ..core.data.types import MessageOrChoice
+from ..core.metrics.history_keys import TRAINING_STEP_KEY
+from ..core.metrics.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
+from ..core.store.model_store import ModelStore, list_models, list_projects
 
 _PATH_FIX = (
     "Pass the directory your backend stores runs in (LocalBackend(path=...), ./.art by "

@@ -23,8 +23,8 @@ from helpers import tool_trajectory
 from observe_helpers import read_wandb_run, run_python
 
 import art
-from art.core.errors import ConfigError
-from art.core.model_store import ModelStore
+from art.core.data.errors import ConfigError
+from art.core.store.model_store import ModelStore
 from art.utils.benchmark_rollout import benchmark_rollout
 from art.utils.benchmarking.aggregate_trajectories import (
     load_aggregated_trajectories,

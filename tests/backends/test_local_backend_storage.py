@@ -10,7 +10,7 @@ import pytest
 from helpers import WEATHER_TOOL, tool_trajectory
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 
 pytestmark = pytest.mark.model  # loads the default model or starts a model service

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import art
 from art.backends.ray import RayBackend, RayConfig
 from art.backends.ray.sticky import StickyTable
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.pipeline_trainer import PipelineTrainer
 from art.runtime import models
 from art.runtime.service.placement import TrainerSpec

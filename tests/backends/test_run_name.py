@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import art
-from art.core.errors import ConfigError
+from art.core.data.errors import ConfigError
 from art.local import LocalBackend
 
 pytestmark = pytest.mark.model  # loads the default model or starts a model service

@@ -1,4 +1,4 @@
-"""A push publishes a checkpoint only when complete (`art.core.s3_publish`), against the
+"""A push publishes a checkpoint only when complete (`art.core.store.s3_publish`), against the
 session's real S3-compatible server on 127.0.0.1 (moto's server mode, `s3_server`).
 
 The failure is the server's own: an IAM user whose policy refuses one file of the new
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 from art.utils.s3 import (
     S3SyncError,

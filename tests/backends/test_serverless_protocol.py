@@ -21,7 +21,7 @@ from openai.types.chat.chat_completion import Choice
 from serve_server import BASE, KEY, Server
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.serverless.backend import ServerlessBackend
 
 pytestmark = pytest.mark.model  # loads the default model or starts a model service

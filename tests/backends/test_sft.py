@@ -23,7 +23,7 @@ from serve_server import KEY, Server
 
 import art
 from art.backends import serverless
-from art.core.sft_data import SFTDataError, create_lr_schedule, iterate_file
+from art.core.data.sft_data import SFTDataError, create_lr_schedule, iterate_file
 from art.local import LocalBackend
 from art.serverless.backend import ServerlessBackend
 from art.utils.sft import train_sft_from_file

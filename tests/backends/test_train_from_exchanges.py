@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import art
-from art.core.exchanges import ChatCompletionsExchange, TrajectoryExchanges
-from art.core.model_store import ModelStore
+from art.core.data.exchanges import ChatCompletionsExchange, TrajectoryExchanges
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 
 pytestmark = pytest.mark.model  # trains the shared default model

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import art
-from art.core.errors import BackendError, ConfigError, ModelNotRegisteredError
+from art.core.data.errors import BackendError, ConfigError, ModelNotRegisteredError
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -162,7 +162,7 @@ def test_kl_penalty_source_picks_whose_logprobs_meet_the_reference() -> None:
 
 
 def test_backend_train_takes_ARTs_0_5_23_checkpoint_and_kl_keywords() -> None:
-    from art.core.train_options import local_train_options
+    from art.core.data.train_options import local_train_options
 
     options = local_train_options(
         kl_penalty_coef=0.1,
@@ -209,7 +209,7 @@ def test_assistant_turns_reaches_the_trainers_config_once() -> None:
 
 
 def test_assistant_turns_last_trains_only_the_final_assistant_message() -> None:
-    from art.core.errors import TrainingError
+    from art.core.data.errors import TrainingError
     from art.runtime.tokenizer import get_tokenizer
     from art.runtime.trainer.tokenize import tokenize_trajectory
 
@@ -267,7 +267,7 @@ def test_get_tokenizer_is_the_models_own_and_a_revision_of_a_local_model_is_refu
 
 def test_art_errors_names_are_ours_where_the_meaning_matches() -> None:
     import art.errors
-    from art.core.s3 import ForbiddenBucketCreationError, S3Error
+    from art.core.store.s3 import ForbiddenBucketCreationError, S3Error
 
     assert art.errors.ARTError is art.ArtError
     assert art.LocalServingUnavailableError is art.errors.LocalServingUnavailableError
@@ -400,7 +400,7 @@ def test_arts_small_sft_helpers(tmp_path: Path) -> None:
 
 
 def test_create_sft_dataset_iterator_cuts_one_schedule_into_chunks() -> None:
-    from art.core.sft_data import create_lr_schedule
+    from art.core.data.sft_data import create_lr_schedule
     from art.utils.sft import SFTChunk, create_sft_dataset_iterator
 
     items = [

@@ -12,8 +12,8 @@ import pytest
 from helpers import sampled_choice, tool_trajectory
 
 import art
-from art.core.cache_dirs import NETWORK_FILESYSTEMS
-from art.core.model_store import ModelStore
+from art.core.store.cache_dirs import NETWORK_FILESYSTEMS
+from art.core.store.model_store import ModelStore
 from art.utils import append_only, cache_dirs, output_dirs
 from art.utils.get_repo_root_path import get_repo_root_path
 from art.utils.strip_logprobs import strip_logprobs

@@ -8,7 +8,7 @@ import pytest
 from helpers import sampled_choice
 
 import art
-from art.core.metrics import group_metrics
+from art.core.metrics.batch_metrics import group_metrics
 
 
 class Boom(Exception):

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import art
-from art.core.exchanges import sampled_tokens
+from art.core.data.exchanges import sampled_tokens
 from art.local import LocalBackend
 
 pytestmark = pytest.mark.model

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.core.exchange_capture import assemble_chat_stream
+from art.core.capture.exchange_capture import assemble_chat_stream
 from art.integrations.capture import RecordingTransport
 from art.local import LocalBackend
 

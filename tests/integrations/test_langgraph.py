@@ -23,8 +23,8 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 import art
-from art.core.gather import completion_tokens
-from art.core.model_store import ModelStore
+from art.core.metrics.batch_metrics import completion_tokens
+from art.core.store.model_store import ModelStore
 from art.langgraph import init_chat_model, wrap_rollout
 from art.local import LocalBackend
 

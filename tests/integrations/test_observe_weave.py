@@ -107,7 +107,7 @@ def test_weave_op_rollouts_are_traced_with_their_reward_and_linked_from_the_log(
         assert call["project_id"] == "lab/obs"
         assert call["output"]["reward"] == reward
     # The step's Parquet log keeps the link.
-    from art.core.model_store import ModelStore
+    from art.core.store.model_store import ModelStore
 
     stored = ModelStore(tmp_path / ".art", "obs", "echo").read_trajectories("train", 0)
     assert {t.metadata["weave_call_id"] for t in stored[0].trajectories} == set(linked)

@@ -16,7 +16,7 @@ from conftest import ScriptedChat
 from helpers import JsonHandler, sampled_choice, serving
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 
 SYSTEM = {"role": "system", "content": "Reply with the sum only."}
 QUESTION = {"role": "user", "content": "What is 2 + 2?"}

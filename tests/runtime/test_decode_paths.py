@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from art.core.dev import PeftArgs
+from art.core.data.dev import PeftArgs
 from art.runtime.engines.base import SamplingParams
 from art.runtime.engines.transformers import kv_cache, sampling
 from art.runtime.engines.transformers.engine import TransformersEngine
@@ -402,7 +402,7 @@ def test_merge_lora_and_rollout_weights_mode_refuse_what_cannot_merge(
     targets: tuple[str, ...],
 ) -> None:
     import art
-    from art.core.errors import ConfigError
+    from art.core.data.errors import ConfigError
     from art.runtime.engines.start import check_supported
 
     config = art.dev.InternalModelConfig(

@@ -21,8 +21,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import art
-from art.core.atomic import replace_dir_atomic
-from art.core.model_store import ModelStore
+from art.core.store.atomic import replace_dir_atomic
+from art.core.store.model_store import ModelStore
 from art.runtime.trainer.peft_trainer import PeftTrainer, add_adapter
 
 PAGE = 4096  # tmpfs stores whole pages

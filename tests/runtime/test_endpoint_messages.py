@@ -20,7 +20,7 @@ from anthropic import Anthropic, AsyncAnthropic
 from fake_endpoint import ScriptedRoute, Words, serving_app
 
 import art
-from art.core.exchanges import MessagesExchange, sampled_tokens, utc_now
+from art.core.data.exchanges import MessagesExchange, sampled_tokens, utc_now
 from art.local import LocalBackend
 from art.runtime.chat_format import render_prompt, rendering_for
 from art.runtime.endpoint.messages import parse_messages_request

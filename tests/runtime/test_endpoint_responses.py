@@ -22,7 +22,7 @@ from openai import AsyncOpenAI, OpenAI
 from openai.types.responses import Response
 
 import art
-from art.core.exchanges import ResponsesExchange, sampled_tokens
+from art.core.data.exchanges import ResponsesExchange, sampled_tokens
 from art.local import LocalBackend
 from art.runtime.chat_format import render_prompt, rendering_for
 from art.runtime.endpoint.responses import (

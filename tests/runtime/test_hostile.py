@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.engines.transformers.engine import TransformersEngine
 

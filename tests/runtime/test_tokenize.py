@@ -9,7 +9,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.core.errors import TrainingError
+from art.core.data.errors import TrainingError
 from art.runtime.trainer.tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 SYSTEM = {"role": "system", "content": "You are terse."}

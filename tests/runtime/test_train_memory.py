@@ -20,7 +20,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.core.errors import TrainingError
+from art.core.data.errors import TrainingError
 from art.local import LocalBackend
 from art.runtime.chat_format import render_prompt, rendering_for
 from art.runtime.trainer import memory

@@ -25,7 +25,7 @@ from helpers import one_at_a_time
 from openai.types.chat.chat_completion import Choice
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.trainer.unsloth_trainer import INSTALL_HINT, find_unsloth_python
 

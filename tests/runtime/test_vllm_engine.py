@@ -25,7 +25,7 @@ from helpers import one_at_a_time
 from openai import APIStatusError, AsyncOpenAI
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 from art.runtime.engines.vllm.server import INSTALL_HINT, find_vllm_python
 

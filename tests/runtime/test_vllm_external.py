@@ -18,7 +18,7 @@ import pytest
 from helpers import one_at_a_time
 
 import art
-from art.core.errors import ConfigError
+from art.core.data.errors import ConfigError
 from art.local import LocalBackend
 from art.runtime import models
 from art.runtime.engines.vllm.server import (

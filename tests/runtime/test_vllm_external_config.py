@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import art
-from art.core.errors import ConfigError
+from art.core.data.errors import ConfigError
 from art.dev.validate import is_external_vllm_mode
 from art.runtime.engines.start import require_engine
 from art.runtime.engines.vllm.external import ExternalServer

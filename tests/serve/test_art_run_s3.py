@@ -23,7 +23,7 @@ import uvicorn
 from art_protocol_client import ThirdPartyBackend
 
 import art
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.serve.art_run import build_run_app
 
 KEY = "run-s3-key"

@@ -28,7 +28,7 @@ from helpers import WEATHER_TOOL, JsonHandler, sampled_choice, serving, tool_tra
 
 import art
 from art.cli import main
-from art.core.model_store import ModelStore
+from art.core.store.model_store import ModelStore
 from art.local import LocalBackend
 from art.rewards import ruler_score_group
 from art.viewer import write_page

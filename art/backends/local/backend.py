@@ -11,18 +11,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from ...core import dev
 from ...core.backend import InferenceEndpoint
-from ...core.errors import ConfigError
+from ...core.data import dev
+from ...core.data.errors import ConfigError
+from ...core.data.registration import refuse_changed_registration
+from ...core.data.sft_data import spool_examples
+from ...core.data.train_options import LocalTrainKeywords, local_train_options
+from ...core.data.trajectories import Trajectory, TrajectoryGroup
+from ...core.data.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 from ...core.model import Model, TrainableModel
-from ...core.model_store import ModelStore, fork_checkpoint
-from ...core.registration import refuse_changed_registration
-from ...core.s3 import ExcludableOption
-from ...core.sft_data import spool_examples
-from ...core.train_options import LocalTrainKeywords, local_train_options
+from ...core.store.model_store import ModelStore, fork_checkpoint
+from ...core.store.s3 import ExcludableOption
 from ...core.training import run_step
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import LocalTrainResult, TrainConfig, TrainSFTConfig
 
 logger = logging.getLogger("art")
 
@@ -163,7 +163,7 @@ class LocalBackend:
         (`await model.log(metrics=result.metrics, step=result.step)`) yourself, or use
         `model.train`, which does both. The keywords are ART's, with its defaults; each is
         honoured or refused by name before anything is trained (what each does, and which
-        are refused: `art.core.train_options`). `save_checkpoint=False` only reports
+        are refused: `art.core.data.train_options`). `save_checkpoint=False` only reports
         `checkpoint_path=None`: as in ART, the checkpoint is still written and served.
         """
         options = local_train_options(**keywords)
@@ -346,7 +346,7 @@ class LocalBackend:
         verbose: bool,
     ) -> None:
         """Pull the checkpoint a fork from S3 starts from, with the source's model.json."""
-        from ...core import s3
+        from ...core.store import s3
 
         step = await s3.fork_step_from_s3(name, project, bucket, prefix, not_after_step, verbose)
         async with self._lock(Model(name=name, project=project)):
@@ -355,7 +355,7 @@ class LocalBackend:
             )
             await s3.pull_model_record(name, project, bucket, prefix, self.path)
 
-    # --- S3 (ART's experimental calls; the work is art.core.s3's) ----------------------
+    # --- S3 (ART's experimental calls; the work is art.core.store.s3's) ----------------------
 
     async def _experimental_push_to_s3(
         self,
@@ -371,7 +371,7 @@ class LocalBackend:
         it is missing. `s3_bucket=None`: the BACKUP_BUCKET environment variable.
         `delete`: also delete what is stored there and not here. No step is written
         while it uploads."""
-        from ...core.s3 import push_model_to_s3
+        from ...core.store.s3 import push_model_to_s3
 
         async with self._lock(model):
             await push_model_to_s3(
@@ -412,7 +412,7 @@ class LocalBackend:
             DeprecationWarning,
             stacklevel=2,
         )
-        from ...core import s3
+        from ...core.store import s3
 
         if latest_only and only_step not in (None, "latest"):
             raise ConfigError(
@@ -464,7 +464,7 @@ class LocalBackend:
         `step` None or "latest": the highest step here or, with `s3_bucket`, in S3
         (here wins a tie). `local_path`: copy the checkpoint's files there too.
         """
-        from ...core import s3
+        from ...core.store import s3
 
         store = self._store(model)
         if step is None or step == "latest":

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from ...core.config_errors import ConfigModel
-from ...core.errors import ConfigError
+from ...core.data.config_errors import ConfigModel
+from ...core.data.errors import ConfigError
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 

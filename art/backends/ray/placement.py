@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.errors import BackendError, ConfigError
+from ...core.data.errors import BackendError, ConfigError
 from ...runtime.engines.base import EngineSpec
 from ...runtime.engines.structured import Grammars
 from ...runtime.service.placement import TrainerSpec

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...core import dev
+from ...core.data import dev
 from ...runtime import models
 from ...runtime.engines.base import EngineSpec, Sample, SamplingParams
 from ...runtime.engines.start import choose_engine, start_engine

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...core import dev
-from ...core.errors import TrainingError
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.errors import TrainingError
+from ...core.data.trajectories import Trajectory, TrajectoryGroup
+from ...core.data.types import TrainConfig
 from ...runtime import models
 from ...runtime.chat_format import ChatRendering
 from ...runtime.service.placement import TrainerSpec

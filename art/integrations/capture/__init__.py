@@ -17,12 +17,12 @@ tool's own LLM) and clients without the transport are not recorded: nothing of h
 patched. An agent that makes its own client gives it `http_client=art.capture_http_client()`;
 a capture that recorded no call at all raises, naming that fix, rather than returning an
 empty trajectory. How calls become conversations is described in `_assemble`; how they are
-recorded, in `art.core.recording`.
+recorded, in `art.core.capture.recording`.
 
 ART 0.5.23's capture scope (`with art.Trajectory() as t:`, `art.trajectory(...)`) records
 through the same hooks into `t.exchanges`, in four protocols: `capture_http_client()`,
 `capture_sync_http_client()`, `capture_trace_config()` (aiohttp) and
-`capture_requests_session()` give clients that carry them (see `art.core.capture_scope`).
+`capture_requests_session()` give clients that carry them (see `art.core.capture.capture_scope`).
 
 `yield_trajectory` / `capture_yielded_trajectory` are the other ART pattern: code deep
 inside a rollout hands its finished trajectory up, instead of returning it.
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 
-from ...core.errors import ArtValueError, RolloutError
-from ...core.recording import RecordingAsyncTransport, RecordingTransport
-from ...core.trajectories import Trajectory
+from ...core.capture.recording import RecordingAsyncTransport, RecordingTransport
+from ...core.data.errors import ArtValueError, RolloutError
+from ...core.data.trajectories import Trajectory
 from ._assemble import conversations, fill
 from ._recorder import RecordedCall, Recorder, current_recorder, recording
 
@@ -156,7 +156,7 @@ def _recording_client(*, sync: bool) -> Any:
     except ImportError:
         http, recording = httpx, (RecordingTransport, RecordingAsyncTransport)
     else:
-        from ...core.recording_httpx2 import (
+        from ...core.capture.recording_httpx2 import (
             Httpx2RecordingAsyncTransport,
             Httpx2RecordingTransport,
         )

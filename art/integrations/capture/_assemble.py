@@ -16,8 +16,8 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ...core.history import History, choice_as_message
-from ...core.trajectories import Trajectory
+from ...core.data.history import History, choice_as_message
+from ...core.data.trajectories import Trajectory
 from ._recorder import RecordedCall
 
 

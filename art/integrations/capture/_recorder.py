@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from openai.types.chat.chat_completion import Choice
 from pydantic import ValidationError
 
-from ...core.exchange_capture import assemble_chat_stream
-from ...core.recording import current_sink, recording_into
+from ...core.capture.exchange_capture import assemble_chat_stream
+from ...core.capture.recording import current_sink, recording_into
 
 if TYPE_CHECKING:
     from ...core.model import Model

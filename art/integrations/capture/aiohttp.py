@@ -22,9 +22,9 @@ from typing import Any, cast, overload
 
 import aiohttp
 
-from ...core import exchange_capture
-from ...core.exchange_capture import ExchangeCapture
-from ...core.exchanges import utc_now
+from ...core.capture import exchange_capture
+from ...core.capture.exchange_capture import ExchangeCapture
+from ...core.data.exchanges import utc_now
 
 
 class _Pending:

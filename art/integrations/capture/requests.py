@@ -21,8 +21,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.utils import stream_decode_response_unicode
 
-from ...core import exchange_capture
-from ...core.exchange_capture import ExchangeCapture
+from ...core.capture import exchange_capture
+from ...core.capture.exchange_capture import ExchangeCapture
 
 
 class CaptureAdapter(HTTPAdapter):

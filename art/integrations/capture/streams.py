@@ -16,7 +16,7 @@ from openai.types.chat.chat_completion import ChatCompletion, Choice, ChoiceLogp
 from openai.types.chat.chat_completion_chunk import ChatCompletionChunk
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
-from ...core.exchange_capture import merge_tool_call
+from ...core.capture.exchange_capture import merge_tool_call
 
 
 class IncompleteChatCompletionStreamError(ValueError):

@@ -19,9 +19,9 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec
 
-from ...core.errors import ArtValueError, RolloutError
+from ...core.data.errors import ArtValueError, RolloutError
+from ...core.data.trajectories import Trajectory
 from ...core.model import Model
-from ...core.trajectories import Trajectory
 from ..capture import Recorder, current_recorder, fill, recording
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def init_chat_model(
         model.openai_client()  # raises the error that says why this model has no endpoint
     import httpx
 
-    from ...core.recording import RecordingAsyncTransport, RecordingTransport, served_as
+    from ...core.capture.recording import RecordingAsyncTransport, RecordingTransport, served_as
     from ._chat_model import ArtChatOpenAI
 
     accepts = served_as(model)

@@ -23,9 +23,9 @@ from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import LLMResult
 
-from ...core.capture_scope import current_trajectory
-from ...core.exchange_capture import append_exchange
-from ...core.exchanges import MessagesExchange, utc_now
+from ...core.capture.capture_scope import current_trajectory
+from ...core.capture.exchange_capture import append_exchange
+from ...core.data.exchanges import MessagesExchange, utc_now
 
 # Fields LangChain adds to what the model answered; not part of the protocol's answer.
 _LANGCHAIN_KEYS = {"model_name", "model_provider"}

@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...core.arguments import check_at_least
-from ...core.errors import ArtError, ConfigError
+from ...core.data.arguments import check_at_least
+from ...core.data.errors import ArtError, ConfigError
 from .types import GeneratedScenario, GeneratedScenarioCollection, MCPResource, MCPTool
 
 if TYPE_CHECKING:

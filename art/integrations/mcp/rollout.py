@@ -21,9 +21,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...core.arguments import check_at_least
-from ...core.errors import ConfigError
-from ...core.trajectories import Trajectory
+from ...core.data.arguments import check_at_least
+from ...core.data.errors import ConfigError
+from ...core.data.trajectories import Trajectory
 from .session import MCPSession, ToolResult
 from .types import GeneratedScenario, MCPTool
 

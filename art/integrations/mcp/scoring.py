@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...core.errors import ConfigError
+from ...core.data.errors import ConfigError
+from ...core.data.trajectories import PydanticException, Trajectory, TrajectoryGroup
 from ...core.gather import gather_trajectory_groups
-from ...core.trajectories import PydanticException, Trajectory, TrajectoryGroup
 from .rollout import MCPRolloutConfig, mcp_rollout
 from .session import MCPSession
 from .types import GeneratedScenario

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ...core.errors import ArtError, ConfigError
+from ...core.data.errors import ArtError, ConfigError
 from .types import MCPResource, MCPTool
 
 if TYPE_CHECKING:

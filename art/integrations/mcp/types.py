@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...core.errors import ArtValueError
+from ...core.data.errors import ArtValueError
 
 
 class MCPTool(BaseModel):

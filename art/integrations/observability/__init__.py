@@ -4,7 +4,7 @@
     weave_trace     `weave.init` for the model's project; each trajectory keeps its op's call id
     langfuse_trace  one Langfuse trace per rollout of a gather, its chat completions inside
 
-`art.core.observe` calls the hooks below when a service is switched on; nothing here runs,
+`art.core.data.observe` calls the hooks below when a service is switched on; nothing here runs,
 and none of the three libraries is imported, while every switch is off. No service that is
 unreachable, misconfigured or missing a key ever fails a rollout or a training step: each
 logs one warning on the `art.observability` logger saying what it could not do.

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from ...core.trajectories import Trajectory
+from ...core.data.trajectories import Trajectory
 from ._warn import warn_once
 
 # The request fields worth seeing next to a generation (its sampling settings).

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ...core.errors import ConfigError
+from ...core.data.errors import ConfigError
 
 if TYPE_CHECKING:
     from ...core.model import Model

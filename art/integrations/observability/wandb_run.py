@@ -25,8 +25,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ...core.history_keys import METRIC_SECTIONS, METRIC_SPLITS, TRAINING_STEP_KEY
-from ...core.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
+from ...core.metrics.history_keys import METRIC_SECTIONS, METRIC_SPLITS, TRAINING_STEP_KEY
+from ...core.metrics.metrics_taxonomy import SFT_METRIC_PREFIX, SFT_WANDB_GRADIENT_STEP_KEY
 from ._warn import logger, warn_once
 
 if TYPE_CHECKING:

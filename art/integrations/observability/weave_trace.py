@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ._warn import warn_once
 
 if TYPE_CHECKING:
-    from ...core.trajectories import MetadataValue
+    from ...core.data.trajectories import MetadataValue
 
 
 def _disabled() -> bool:

@@ -25,8 +25,8 @@ from pydantic import (
 )
 from starlette.requests import Request
 
-from ...core.errors import ArtValueError
-from ...core.history import check_message_or_choice, check_tool
+from ...core.data.errors import ArtValueError
+from ...core.data.history import check_message_or_choice, check_tool
 
 logger = logging.getLogger("art.endpoint")
 

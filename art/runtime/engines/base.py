@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ...core import dev
+from ...core.data import dev
 from ..models import ResolvedModel
 from .structured import Grammar, Grammars
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import dev
-from ...core.errors import ConfigError
+from ...core.data import dev
+from ...core.data.errors import ConfigError
 
 
 def check_engine_neutral(config: dev.InternalModelConfig) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...core import dev
+from ...core.data import dev
 from .base import Engine, EngineName, EngineSpec
 
 if TYPE_CHECKING:

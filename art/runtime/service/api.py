@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ...core import dev
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.trajectories import TrajectoryGroup
+from ...core.data.types import TrainConfig
 
 
 class ServiceAPI(Protocol):

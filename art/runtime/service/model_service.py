@@ -37,14 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...core import dev
-from ...core.arguments import parse_step
-from ...core.atomic import replace_dir_atomic
-from ...core.errors import ConfigError
-from ...core.model_store import ModelStore
-from ...core.registration import refuse_changed_config, refuse_changed_registration
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.arguments import parse_step
+from ...core.data.errors import ConfigError
+from ...core.data.registration import refuse_changed_config, refuse_changed_registration
+from ...core.data.trajectories import TrajectoryGroup
+from ...core.data.types import TrainConfig
+from ...core.store.atomic import replace_dir_atomic
+from ...core.store.model_store import ModelStore
 from .. import models
 from ..chat_format import chat_rendering
 from ..endpoint.response import Route, no_release

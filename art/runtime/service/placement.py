@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ...core import dev
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.trajectories import Trajectory, TrajectoryGroup
+from ...core.data.types import TrainConfig
 from ..chat_format import ChatRendering
 from ..engines.base import Engine, EngineSpec
 from ..models import ResolvedModel

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...core import dev
-from ...core.model_store import ModelStore
-from ...core.writer_lock import WriterLock
+from ...core.data import dev
+from ...core.store.model_store import ModelStore
+from ...core.store.writer_lock import WriterLock
 from ..chat_format import ChatRendering
 from ..engines.base import Engine
 from ..torch_thread import TorchThread

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on a model's adapter: every example checked, then one checkpoint.
 
-The examples come spooled in a file (`art.core.sft_data.spool_examples`), so a data set
+The examples come spooled in a file (`art.core.data.sft_data.spool_examples`), so a data set
 larger than memory streams through. They are tokenized once to check them (a template
 that cannot render one, one longer than the model trains, one with no assistant token:
 each named by where it came from) before any step runs; then each batch is one optimizer
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ...core import dev
-from ...core.atomic import replace_dir_atomic
-from ...core.errors import ConfigError, TrainingError
-from ...core.sft_data import SFTDataError, read_spool
-from ...core.trajectories import Trajectory
+from ...core.data import dev
+from ...core.data.errors import ConfigError, TrainingError
+from ...core.data.sft_data import SFTDataError, read_spool
+from ...core.data.trajectories import Trajectory
+from ...core.store.atomic import replace_dir_atomic
 from ..torch_thread import TorchThread
 from ..trainer.tokenize import tokenize_trajectory
 from .registry import TrainedModel, on_training_model

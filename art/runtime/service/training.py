@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import dev
-from ...core.atomic import replace_dir_atomic
-from ...core.errors import ConfigError
-from ...core.trajectories import TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.errors import ConfigError
+from ...core.data.trajectories import TrajectoryGroup
+from ...core.data.types import TrainConfig
+from ...core.store.atomic import replace_dir_atomic
 from ..torch_thread import TorchThread
 from .registry import TrainedModel, on_training_model
 

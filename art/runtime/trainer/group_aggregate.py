@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from ...core.errors import ConfigError
+from ...core.data.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -15,8 +15,8 @@ from typing import Literal
 
 import torch
 
-from ...core import dev
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.types import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import save as safetensors_bytes
 from tqdm.auto import tqdm
 
-from ...core import dev
-from ...core.errors import ConfigError, TrainingError
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.errors import ConfigError, TrainingError
+from ...core.data.trajectories import Trajectory, TrajectoryGroup
+from ...core.data.types import TrainConfig
 from ..chat_format import ChatRendering
 from .advantages import balanced, group_advantages
 from .batching import PACKED_ROW_TOKENS, MicroBatch, pack

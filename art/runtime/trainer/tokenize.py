@@ -14,7 +14,7 @@ choices without ids) are rendered with the chat template and trained with unknow
 sampler logprobs (NaN), which makes their importance ratio 1.
 
 A captured trajectory (`exchanges`) is tokenized from its conversations as
-`art.core.exchange_histories` builds them: each sampled answer a `Choice` with its ids;
+`art.core.data.exchange_histories` builds them: each sampled answer a `Choice` with its ids;
 answers from other servers stay context even with `allow_training_without_logprobs`.
 """
 
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from openai.types.chat.chat_completion import Choice
 
-from ...core.errors import TrainingError
-from ...core.exchange_histories import fill_policy_versions, histories_of
-from ...core.trajectories import History, Trajectory, messages_of
-from ...core.types import MessageOrChoice, Messages, Tool
-from ...core.validation import logprob_token_ids
+from ...core.data.errors import TrainingError
+from ...core.data.exchange_histories import fill_policy_versions, histories_of
+from ...core.data.trajectories import History, Trajectory, messages_of
+from ...core.data.types import MessageOrChoice, Messages, Tool
+from ...core.data.validation import logprob_token_ids
 from ..chat_format import ChatRendering, render_prompt
 
 if TYPE_CHECKING:

@@ -35,10 +35,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ...core import dev
-from ...core.errors import ArtValueError, ConfigError, TrainingError
-from ...core.trajectories import Trajectory, TrajectoryGroup
-from ...core.types import TrainConfig
+from ...core.data import dev
+from ...core.data.errors import ArtValueError, ConfigError, TrainingError
+from ...core.data.trajectories import Trajectory, TrajectoryGroup
+from ...core.data.types import TrainConfig
 
 
 def setup(

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from ....core.errors import ArtValueError
+from ....core.data.errors import ArtValueError
 from ...engines.base import SamplingParams
 from ..jobs import room_for
 from ..request import MAX_SEED, ApiError, check_stop, parse_body

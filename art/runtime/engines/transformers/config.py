@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from ....core import dev
-from ....core.errors import ConfigError
+from ....core.data import dev
+from ....core.data.errors import ConfigError
 from ..config_support import is_cpu_dedicated
 from .merged import mergeable
 

@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from ....core import dev
-from ....core.errors import ConfigError
+from ....core.data import dev
+from ....core.data.errors import ConfigError
 
 
 def check_config(config: dev.InternalModelConfig) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from ....core.errors import ConfigError
+from ....core.data.errors import ConfigError
 from ..base import (
     AdapterGone,
     EngineSpec,

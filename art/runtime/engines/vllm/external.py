@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from ....core import dev
-from ....core.errors import ConfigError
+from ....core.data import dev
+from ....core.data.errors import ConfigError
 from ..base import AdapterGone, EngineSpec, OnToken, Sample, SamplingParams
 from ..structured import Grammars
 from .engine import VLLMEngine
