@@ -244,7 +244,7 @@ def load(
         ) from error
     model.eval()  # type: ignore[no-untyped-call]
     if device == "cpu" and model.config._attn_implementation == "sdpa":
-        from .engines.transformers import decode_attention
+        from . import decode_attention
 
         # SDPA still, except one-token decode steps without grad (see decode_attention.py).
         model.set_attn_implementation(decode_attention.register())
