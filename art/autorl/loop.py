@@ -19,14 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.backend import Backend
 from ..core.data.arguments import check_at_least
 from ..core.data.errors import ConfigError, JudgeError
 from ..core.data.trajectories import Trajectory, TrajectoryGroup
 from ..core.data.types import Message, TrainConfig
 from ..core.gather import gather_trajectory_groups
 from ..core.metrics.batch_metrics import group_metrics
-from ..core.model import TrainableModel
+from ..core.model import ModelBackend, TrainableModel
 from ..core.store.atomic import write_text_atomic
 from ..core.store.model_store import ModelStore
 from .inputs import GeneratedInputs, generate_inputs
@@ -79,7 +78,7 @@ async def train(
     judge_model: str | None,
     steps: int,
     *,
-    backend: Backend,
+    backend: ModelBackend,
     path: str | Path,
     project: str = "autorl",
     name: str = "autorl",

@@ -2,12 +2,16 @@
 
 `LocalBackend`, `ServerlessBackend` and `SkyPilotBackend` all implement it; client code
 calls these methods (mostly through the model) and never checks which backend it has.
+
+The protocol is generic in the two model types its methods take, so that it need not
+import `art.core.model`, which holds and calls a backend: every backend of ours is a
+`Backend[Model, TrainableModel]`, and `Backend` alone takes models of any type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,8 +19,9 @@ from .data import dev
 from .data.trajectories import Trajectory, TrajectoryGroup
 from .data.types import TrainConfig, TrainResult, TrainSFTConfig
 
-if TYPE_CHECKING:
-    from .model import Model, TrainableModel
+# The model types a backend's methods take (`Model`, `TrainableModel` for ours).
+ModelT = TypeVar("ModelT", contravariant=True)
+TrainableModelT = TypeVar("TrainableModelT", contravariant=True)
 
 
 class InferenceEndpoint(BaseModel):
@@ -40,7 +45,7 @@ class InferenceEndpoint(BaseModel):
 
 
 @runtime_checkable
-class Backend(Protocol):
+class Backend(Protocol[ModelT, TrainableModelT]):
     """Where a model is served and trained: what `Model` and `TrainableModel` call.
 
     `LocalBackend`, `RayBackend`, `ServerlessBackend` and `SkyPilotBackend` implement it;
@@ -48,7 +53,7 @@ class Backend(Protocol):
     backend it has. `train` is ART 0.5.18's `backend.train`: it trains and does not log.
     """
 
-    async def register(self, model: Model) -> InferenceEndpoint | None:
+    async def register(self, model: ModelT) -> InferenceEndpoint | None:
         """Set up storage (and, for a trainable model, serving) for `model`.
 
         Returns the endpoint the model is served at, or None where this backend does
@@ -56,13 +61,13 @@ class Backend(Protocol):
         """
         ...
 
-    async def get_step(self, model: Model) -> int:
+    async def get_step(self, model: ModelT) -> int:
         """The model's current training step: its latest checkpoint, 0 before training."""
         ...
 
     async def log(
         self,
-        model: Model,
+        model: ModelT,
         groups: list[TrajectoryGroup],
         *,
         split: str,
@@ -73,7 +78,7 @@ class Backend(Protocol):
         ...
 
     async def train(
-        self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup]
+        self, model: TrainableModelT, trajectory_groups: Iterable[TrajectoryGroup]
     ) -> TrainResult:
         """ART's training call: one step on `trajectory_groups`, nothing logged.
 
@@ -84,7 +89,7 @@ class Backend(Protocol):
 
     async def train_step(
         self,
-        model: TrainableModel,
+        model: TrainableModelT,
         groups: list[TrajectoryGroup],
         *,
         config: TrainConfig,
@@ -102,7 +107,7 @@ class Backend(Protocol):
 
     async def train_sft(
         self,
-        model: TrainableModel,
+        model: TrainableModelT,
         examples: Iterator[tuple[str, Trajectory]],
         *,
         config: TrainSFTConfig,
@@ -119,7 +124,7 @@ class Backend(Protocol):
         ...
 
     async def delete_checkpoints(
-        self, model: Model, *, best_checkpoint_metric: str
+        self, model: ModelT, *, best_checkpoint_metric: str
     ) -> list[int] | None:
         """Delete all checkpoints but the latest and the best; return the deleted steps
         (None where the backend does not say: one of ART's protocol)."""

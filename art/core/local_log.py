@@ -14,10 +14,10 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from .store.model_store import ModelStore
+from .store.run_paths import StoredModel
 
 if TYPE_CHECKING:
     from .data.trajectories import TrajectoryGroup
-    from .model import Model
 
 
 class StoreLog:
@@ -28,7 +28,7 @@ class StoreLog:
 
     async def log(
         self,
-        model: Model,
+        model: StoredModel,
         groups: list[TrajectoryGroup],
         *,
         split: str,

@@ -8,7 +8,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from pydantic import (
     BaseModel,
@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 # Names become directory names, and '@' separates a model from a step in inference names.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_FIX = "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+# What a model registers with and calls: a backend taking these two model types.
+ModelBackend: TypeAlias = "Backend[Model, TrainableModel]"
 
 
 class Model(ConfigModel):
@@ -111,7 +115,7 @@ class Model(ConfigModel):
 
     # --- wiring ----------------------------------------------------------------------
 
-    async def register(self, backend: Backend | Any) -> None:
+    async def register(self, backend: ModelBackend | Any) -> None:
         """Bind this model to `backend`, which stores its logs (and, if trainable, serves it).
 
         `backend` is one of ours, or any object with ART's backend methods (`register`,
@@ -121,7 +125,7 @@ class Model(ConfigModel):
         await self._register(backend, None)
 
     async def _register(self, backend: object, server_config: Any) -> None:
-        driven: Backend
+        driven: ModelBackend
         if isinstance(backend, Backend):
             driven = backend
         else:  # a backend of ART's protocol (a third party's), driven by its methods
@@ -149,7 +153,7 @@ class Model(ConfigModel):
         self._http_transport = endpoint.http_transport
         self._openai_client = None
 
-    def backend(self) -> Backend | Any:
+    def backend(self) -> ModelBackend | Any:
         """The backend this model is registered with (the object given to `register`)."""
         if self._ledger.backend is None:
             raise ModelNotRegisteredError(self.name, "use a backend")
@@ -355,14 +359,14 @@ class Model(ConfigModel):
         W&B run is given)."""
         return copy.deepcopy(self._wandb_config)
 
-    def _log_backend(self) -> Backend:
+    def _log_backend(self) -> ModelBackend:
         """The registered backend, or for a model with none (ART's frontend logging) the
         store under `base_path`."""
         if self._ledger.backend is not None:
             return self._ledger.backend
         from .local_log import StoreLog
 
-        return cast(Backend, StoreLog(self.base_path))
+        return cast("ModelBackend", StoreLog(self.base_path))
 
 
 def _merge_unchanged(old: dict[str, Any], new: dict[str, Any], path: str) -> dict[str, Any]:
@@ -498,7 +502,9 @@ class TrainableModel(Model):
         data["_internal_config"] = self._internal_config.model_dump(mode=mode, exclude_unset=True)
         return data
 
-    async def register(self, backend: Backend | Any, _openai_client_config: Any = None) -> None:
+    async def register(
+        self, backend: ModelBackend | Any, _openai_client_config: Any = None
+    ) -> None:
         """Bind this model to `backend`, which serves, trains and stores it.
 
         `_openai_client_config` is ART's vLLM-server configuration (`art.dev.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .backend import InferenceEndpoint
 from .data import dev
@@ -30,9 +30,25 @@ from .data.errors import ConfigError
 from .data.trajectories import Trajectory, TrajectoryGroup
 from .data.types import TrainConfig, TrainResult, TrainSFTConfig
 from .store.model_store import ModelStore
+from .training import TrainedModel, run_step
 
-if TYPE_CHECKING:
-    from .model import Model, TrainableModel
+
+class DrivenModel(TrainedModel, Protocol):
+    """What this wrapper reads of a model (`art.Model` and `TrainableModel` are ones);
+    the driven backend gets the model itself."""
+
+    @property
+    def project(self) -> str: ...
+
+    @property
+    def storage_name(self) -> str: ...
+
+    @property
+    def trainable(self) -> bool: ...
+
+    @property
+    def inference_model_name(self) -> str | None: ...
+
 
 REQUIRED = ("register", "_get_step", "_delete_checkpoint_files", "close")
 REQUIRED_TO_TRAIN = ("_prepare_backend_for_training", "_train_model")
@@ -47,7 +63,7 @@ class ProtocolBackend:
     """
 
     def __init__(
-        self, driven: object, model: Model, server_config: Any = None, *, path: str = "./.art"
+        self, driven: object, model: DrivenModel, server_config: Any = None, *, path: str = "./.art"
     ) -> None:
         needed = REQUIRED + (REQUIRED_TO_TRAIN if model.trainable else ())
         missing = [name for name in needed if not callable(getattr(driven, name, None))]
@@ -66,10 +82,10 @@ class ProtocolBackend:
     def __repr__(self) -> str:
         return f"ProtocolBackend({self.driven!r})"
 
-    def _store(self, model: Model) -> ModelStore:
+    def _store(self, model: DrivenModel) -> ModelStore:
         return ModelStore(self.path, model.project, model.storage_name)
 
-    def inference_name(self, model: Model, step: int | None) -> str:
+    def inference_name(self, model: DrivenModel, step: int | None) -> str:
         """The backend's `_model_inference_name`, or ART's fallback: `name`, `name@step`."""
         name_for = getattr(self.driven, "_model_inference_name", None)
         if callable(name_for):
@@ -77,7 +93,7 @@ class ProtocolBackend:
         base = model.inference_model_name or model.name
         return base if step is None else f"{base}@{step}"
 
-    async def register(self, model: Model) -> InferenceEndpoint | None:
+    async def register(self, model: DrivenModel) -> InferenceEndpoint | None:
         await self.driven.register(model)
         if not model.trainable:
             return None
@@ -88,12 +104,12 @@ class ProtocolBackend:
             base_url=base_url, api_key=api_key, model_name=self.inference_name(model, None)
         )
 
-    async def get_step(self, model: Model) -> int:
+    async def get_step(self, model: DrivenModel) -> int:
         return int(await self.driven._get_step(model))
 
     async def log(
         self,
-        model: Model,
+        model: DrivenModel,
         groups: list[TrajectoryGroup],
         *,
         split: str,
@@ -104,17 +120,15 @@ class ProtocolBackend:
         await asyncio.to_thread(store.write_log, split, step, groups, metrics)
 
     async def train(
-        self, model: TrainableModel, trajectory_groups: Iterable[TrajectoryGroup]
+        self, model: DrivenModel, trajectory_groups: Iterable[TrajectoryGroup]
     ) -> TrainResult:
         """One step, nothing logged (ART 0.5.18's `backend.train`, with its defaults)."""
-        from .training import run_step
-
         result = await run_step(model, trajectory_groups, log=False, backend=self)
         return TrainResult(step=await self.get_step(model), metrics=result.metrics)
 
     async def train_step(
         self,
-        model: TrainableModel,
+        model: DrivenModel,
         groups: list[TrajectoryGroup],
         *,
         config: TrainConfig,
@@ -128,7 +142,7 @@ class ProtocolBackend:
 
     async def train_sft(
         self,
-        model: TrainableModel,
+        model: DrivenModel,
         examples: Iterator[tuple[str, Trajectory]],
         *,
         config: TrainSFTConfig,
@@ -146,7 +160,7 @@ class ProtocolBackend:
         sent = dev_config.model_dump(mode="json", exclude_unset=True)
         return await _collect(train_sft(model, trajectories, config, sent, verbose))
 
-    async def delete_checkpoints(self, model: Model, *, best_checkpoint_metric: str) -> None:
+    async def delete_checkpoints(self, model: DrivenModel, *, best_checkpoint_metric: str) -> None:
         """Keep the latest step and the best on the client's history (as ART's model
         does); the backend deletes the rest and does not say which."""
         keep = [await self.get_step(model)]
@@ -179,4 +193,4 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     return {key: sum(v) / len(v) for key, v in values.items()}
 
 
-__all__ = ["ProtocolBackend"]
+__all__ = ["DrivenModel", "ProtocolBackend"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from .backend import Backend
 from .data.errors import ModelNotRegisteredError
@@ -29,12 +30,12 @@ class StepLedger:
     """One model's backend, metrics builder and step timing (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.backend: Backend | None = None
+        self.backend: Backend[Any, Any] | None = None
         self.builder = MetricsBuilder(cost_context="train")
         self.last_step_end: float | None = None
         self._totals_read = False
 
-    def registered_backend(self, model_name: str, action: str) -> Backend:
+    def registered_backend(self, model_name: str, action: str) -> Backend[Any, Any]:
         """The backend, or `ModelNotRegisteredError` saying the model cannot `action` yet."""
         if self.backend is None:
             raise ModelNotRegisteredError(model_name, action)

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .data import dev, observe
 from .data.errors import ConfigError, TrainingError
@@ -50,9 +50,24 @@ from .metrics.metrics_taxonomy import SFT_METRIC_PREFIX, average_metric_samples
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .model import Model, TrainableModel
+    from .step_ledger import StepLedger
+    from .store.model_store import ModelStore
 
 logger = logging.getLogger("art")
+
+
+class TrainedModel(observe.ReportingModel, Protocol):
+    """What a step needs of a model (`art.Model` and `TrainableModel` are ones): its name,
+    its step ledger, and the store its running totals are kept in. The model itself is
+    handed on to the backend as it is."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ledger(self) -> StepLedger: ...
+
+    def state_store(self) -> ModelStore: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,7 @@ class StepResult:
 
 
 async def run_step(
-    model: TrainableModel,
+    model: TrainedModel,
     trajectory_groups: Iterable[TrajectoryGroup],
     *,
     config: TrainConfig | None = None,
@@ -74,7 +89,7 @@ async def run_step(
     verbose: bool = False,
     log: bool = True,
     extra_metrics: dict[str, float] | None = None,
-    backend: Backend | None = None,
+    backend: Backend[Any, Any] | None = None,
 ) -> StepResult:
     """One training step of `model` on `trajectory_groups` (see the module docstring).
 
@@ -147,7 +162,7 @@ def _art_named(
 
 
 async def run_sft(
-    model: TrainableModel,
+    model: TrainedModel,
     examples: Iterator[tuple[str, Trajectory]],
     *,
     config: TrainSFTConfig | None = None,
@@ -200,8 +215,8 @@ def _sft_summary(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 async def record(
-    backend: Backend,
-    model: Model,
+    backend: Backend[Any, Any],
+    model: TrainedModel,
     groups: list[TrajectoryGroup],
     split: str,
     step: int,
@@ -260,4 +275,4 @@ def _with_accumulation(config: TrainConfig, dev_config: dev.TrainConfig) -> dev.
     return dev_config.model_copy(update={"gradient_accumulation_sequences": wanted})
 
 
-__all__ = ["StepResult", "record", "run_sft", "run_step"]
+__all__ = ["StepResult", "TrainedModel", "record", "run_sft", "run_step"]

@@ -316,7 +316,13 @@ async def arecord(
     return response
 
 
-class _RecordingStream(httpx.SyncByteStream):
+class TappedStream:
+    """A response body whose parts are shown to a `Tap` as they pass (`tapped`).
+
+    Mixed into httpx's `SyncByteStream` here and httpx2's in `recording_httpx2`: a
+    response checks its stream's class, so each library gets a class of its own.
+    """
+
     def __init__(self, inner: Iterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
@@ -327,7 +333,9 @@ class _RecordingStream(httpx.SyncByteStream):
         close_tapped(self._inner, self._tap)
 
 
-class _RecordingAsyncStream(httpx.AsyncByteStream):
+class AsyncTappedStream:
+    """The async twin of `TappedStream`, mixed into each library's `AsyncByteStream`."""
+
     def __init__(self, inner: AsyncIterable[bytes], tap: Tap) -> None:
         self._inner, self._tap = inner, tap
 
@@ -337,6 +345,14 @@ class _RecordingAsyncStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await aclose_tapped(self._inner, self._tap)
+
+
+class _RecordingStream(TappedStream, httpx.SyncByteStream):
+    """httpx's."""
+
+
+class _RecordingAsyncStream(AsyncTappedStream, httpx.AsyncByteStream):
+    """httpx's."""
 
 
 def tapped(inner: Iterable[bytes], tap: Tap) -> Iterator[bytes]:

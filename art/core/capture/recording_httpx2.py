@@ -3,49 +3,23 @@ Anthropic's SDK 2 are built on.
 
 Anthropic's SDK takes only an httpx2 client, and an httpx2 client only an httpx2
 transport, so the transports of `recording` are given again on httpx2's base classes.
-What they record, and how, is `recording`'s (`_Watch`, `Tap`): httpx2 keeps httpx's
+What they record, and how, is `recording`'s (`record`, `TappedStream`): httpx2 keeps httpx's
 request, response and stream API, which those read.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-
 import httpx2
 
-from .recording import (
-    ModelFilter,
-    Tap,
-    aclose_tapped,
-    arecord,
-    atapped,
-    close_tapped,
-    record,
-    tapped,
-)
+from .recording import AsyncTappedStream, ModelFilter, TappedStream, arecord, record
 
 
-class _Stream(httpx2.SyncByteStream):
-    def __init__(self, inner: Iterable[bytes], tap: Tap) -> None:
-        self._inner, self._tap = inner, tap
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from tapped(self._inner, self._tap)
-
-    def close(self) -> None:
-        close_tapped(self._inner, self._tap)
+class _Stream(TappedStream, httpx2.SyncByteStream):
+    """httpx2's."""
 
 
-class _AsyncStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: AsyncIterable[bytes], tap: Tap) -> None:
-        self._inner, self._tap = inner, tap
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in atapped(self._inner, self._tap):
-            yield part
-
-    async def aclose(self) -> None:
-        await aclose_tapped(self._inner, self._tap)
+class _AsyncStream(AsyncTappedStream, httpx2.AsyncByteStream):
+    """httpx2's."""
 
 
 class Httpx2RecordingTransport(httpx2.BaseTransport):
