@@ -1,5 +1,11 @@
 """Chat message helpers ART keeps in `art.utils.append_only`: merging streamed deltas,
-reading a request's history-preserving options, and tool-call arguments as JSON text."""
+reading a request's history-preserving options, and tool-call arguments as JSON text.
+
+`merge_chat_delta` is the one place a streamed chat message is put together: the capture
+pipeline's re-assembly of a recorded stream (`exchange_capture.assemble_chat_stream`),
+the SDK stream helpers of `art.openai` and the Langfuse trace all merge through it, and
+`finished_chat_message` completes what it merged as OpenAI's message type requires.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,25 @@ def merge_chat_delta(message: dict[str, Any], delta: Mapping[str, Any]) -> None:
             merge_chat_delta(message.setdefault(name, {}), value)
         elif isinstance(value, str):
             message[name] = value if name in _REPLACED_TEXT else message.get(name, "") + value
+
+
+def finished_chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message merged from deltas (`merge_chat_delta`) as OpenAI's `ChatCompletionMessage`
+    takes it: `content` present, each tool call of type "function" with a name and JSON
+    text arguments; a call no piece named (a gap in the indexes) is dropped."""
+    done = {"content": None, **message}
+    if isinstance(message.get("tool_calls"), list):
+        done["tool_calls"] = [
+            {
+                **call,
+                "type": call.get("type") or "function",
+                "function": {"name": "", "arguments": ""}
+                | dict(_with_text_arguments(call.get("function") or {})),
+            }
+            for call in message["tool_calls"]
+            if call
+        ]
+    return done
 
 
 def preserves_history(kwargs: Mapping[str, Any] | None) -> bool:
@@ -82,6 +107,7 @@ def openai_tool_arguments(message: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 __all__ = [
+    "finished_chat_message",
     "has_renderable_tool_arguments",
     "merge_chat_delta",
     "openai_tool_arguments",

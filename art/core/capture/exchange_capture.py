@@ -38,6 +38,7 @@ from ..data.exchanges import (
     utc_now,
 )
 from . import capture_scope
+from .chat_deltas import finished_chat_message, merge_chat_delta
 
 if TYPE_CHECKING:
     from ..data.trajectories import Trajectory
@@ -142,29 +143,42 @@ def is_terminal_event(protocol: ExchangeProtocol, event: SseEvent) -> bool:
     return isinstance(value, dict) and value.get("type") in terminal
 
 
-class _TerminalScan:
-    """Watches a stream's bytes as they arrive for the protocol's terminal event."""
+class SseScan:
+    """The events of an SSE body read as it arrives: `new(body)`, called as `body` grows,
+    returns the events completed since the last call. An event that is not UTF-8 is
+    passed over (a whole body's `sse_events` raises instead)."""
 
-    def __init__(self, protocol: ExchangeProtocol) -> None:
-        self._protocol = protocol
+    def __init__(self) -> None:
         self._event_start = 0  # where the event being received begins in the body
         self._search_from = 0
 
-    def reached(self, body: bytearray) -> bool:
+    def new(self, body: bytes | bytearray) -> list[SseEvent]:
+        events: list[SseEvent] = []
         while True:
             end = _EVENT_END.search(body, self._search_from)
             if end is None:
                 # A delimiter may straddle two chunks: search again from just before the end.
                 self._search_from = max(self._event_start, len(body) - 3)
-                return False
+                return events
             block = bytes(body[self._event_start : end.start()])
             self._event_start = self._search_from = end.end()
             try:
                 event = _parse_block(block)
             except UnicodeDecodeError:
                 continue
-            if event is not None and is_terminal_event(self._protocol, event):
-                return True
+            if event is not None:
+                events.append(event)
+
+
+class _TerminalScan:
+    """Watches a stream's bytes as they arrive for the protocol's terminal event."""
+
+    def __init__(self, protocol: ExchangeProtocol) -> None:
+        self._protocol = protocol
+        self._scan = SseScan()
+
+    def reached(self, body: bytearray) -> bool:
+        return any(is_terminal_event(self._protocol, event) for event in self._scan.new(body))
 
 
 # --- response bodies, per protocol ------------------------------------------------------
@@ -183,18 +197,6 @@ def _merge_extras(into: dict[str, Any], part: dict[str, Any], standard: set[str]
             into[key] = value
 
 
-def merge_tool_call(into: dict[str, Any], piece: dict[str, Any]) -> None:
-    """Add one streamed piece of a tool call (id, name and argument text) to `into`."""
-    if piece.get("id"):
-        into["id"] = piece["id"]
-    into["type"] = piece.get("type") or into.get("type") or "function"
-    function = into.setdefault("function", {"name": "", "arguments": ""})
-    delta = piece.get("function") or {}
-    function["name"] += delta.get("name") or ""
-    arguments = delta.get("arguments") or ""
-    function["arguments"] += arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-
 _CHAT_CHOICE = {"index", "delta", "finish_reason", "logprobs"}
 _COMPLETION_CHOICE = {"index", "text", "finish_reason", "logprobs"}
 _TOP = {"choices", "object", "usage"}
@@ -205,11 +207,14 @@ def _streamed_choices(
     empty: Callable[[int], dict[str, Any]],
     add: Callable[[dict[str, Any], dict[str, Any]], None],
     standard: set[str],
+    *,
+    finished: bool = True,
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """The chunks of a choices stream (Chat Completions, Completions) put together: their
     top-level fields, and each choice by index, begun by `empty(index)` and grown by
     `add(choice, piece)` for each piece of it; the piece's fields outside `standard` are
-    an endpoint's extras, kept on the choice. Every choice must have finished."""
+    an endpoint's extras, kept on the choice. With `finished`, every choice must have
+    finished."""
     top: dict[str, Any] = {}
     choices: dict[int, dict[str, Any]] = {}
     for _, chunk in _sse_json(body):
@@ -229,7 +234,7 @@ def _streamed_choices(
     if not choices:
         raise ValueError("the stream held no choice")
     unfinished = sorted(index for index, choice in choices.items() if not choice["finish_reason"])
-    if unfinished:
+    if unfinished and finished:
         raise ValueError(f"the stream ended before choices {unfinished} finished")
     return top, choices
 
@@ -241,29 +246,32 @@ def _chat_completion(body: bytes, *, stream: bool) -> ChatCompletion:
     return ChatCompletion.model_validate({**top, "object": "chat.completion", "choices": choices})
 
 
-def assemble_chat_stream(body: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def assemble_chat_stream(
+    body: bytes, *, finished: bool = True
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A streamed chat completion (its SSE body) put back together: the chunks' top-level
     fields, and each choice (`n > 1` streams them interleaved) as a `Choice`'s data, by
-    index. Text and refusals concatenate, tool calls merge by their index, logprobs
-    concatenate; an endpoint's extra fields are kept on the choice (`prompt_token_ids`
+    index. Each delta is merged by `chat_deltas.merge_chat_delta` (text concatenates,
+    tool calls merge by their index), logprobs concatenate; an endpoint's extra fields are kept on the choice (`prompt_token_ids`
     once, other lists concatenated). ValueError for a stream that sent an error, held
-    no choice, or ended before a choice finished."""
+    no choice, or (with `finished`, for training) ended before a choice finished; an
+    observer passes `finished=False` to see what arrived."""
 
     def empty(index: int) -> dict[str, Any]:
-        message = {"role": "assistant", "content": None}
+        message = {"role": "assistant"}
         return {"index": index, "message": message, "finish_reason": None, "logprobs": None}
 
-    calls: dict[int, dict[int, dict[str, Any]]] = {}  # each choice's tool calls by index
-
     def add(choice: dict[str, Any], part: dict[str, Any]) -> None:
-        delta = part.get("delta") or {}
-        message = choice["message"]
-        for text_field in ("content", "refusal", "reasoning_content"):
-            if delta.get(text_field):
-                message[text_field] = (message.get(text_field) or "") + delta[text_field]
-        own = calls.setdefault(choice["index"], {})
-        for call in delta.get("tool_calls") or []:
-            merge_tool_call(own.setdefault(call.get("index", len(own)), {}), call)
+        # Empty text adds nothing: a tool call's message keeps `content: null`, as whole.
+        delta = {key: value for key, value in (part.get("delta") or {}).items() if value != ""}
+        pieces = delta.get("tool_calls")
+        if isinstance(pieces, list):  # a piece without an index is a call of its own
+            known = len(choice["message"].get("tool_calls") or [])
+            delta["tool_calls"] = [
+                piece if "index" in piece else {**piece, "index": known + i}
+                for i, piece in enumerate(pieces)
+            ]
+        merge_chat_delta(choice["message"], delta)
         logprobs = part.get("logprobs")
         if isinstance(logprobs, dict):
             merged = choice["logprobs"] or {"content": None, "refusal": None}
@@ -272,10 +280,9 @@ def assemble_chat_stream(body: bytes) -> tuple[dict[str, Any], list[dict[str, An
                     merged[key] = (merged[key] or []) + list(logprobs[key])
             choice["logprobs"] = merged
 
-    top, choices = _streamed_choices(body, empty, add, _CHAT_CHOICE)
-    for index, choice in choices.items():
-        if own := calls.get(index):
-            choice["message"]["tool_calls"] = [own[i] for i in sorted(own)]
+    top, choices = _streamed_choices(body, empty, add, _CHAT_CHOICE, finished=finished)
+    for choice in choices.values():
+        choice["message"] = finished_chat_message(choice["message"])
     return top, [choices[i] for i in sorted(choices)]
 
 
@@ -582,6 +589,7 @@ def begin(method: str, url: str, body: object) -> ExchangeCapture | None:
 __all__ = [
     "ExchangeCapture",
     "ExchangeProtocol",
+    "SseScan",
     "append_exchange",
     "begin",
     "build_exchange",

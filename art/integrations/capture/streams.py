@@ -1,5 +1,6 @@
 """A streamed chat completion, read chunk by chunk, made into the `ChatCompletion` a call
-without `stream=True` returns (ART's `art.openai` helpers).
+without `stream=True` returns (ART's `art.openai` helpers). Each message delta is merged
+by `merge_chat_delta`, as the capture pipeline merges a recorded stream's.
 
 Our endpoint's extra fields on each streamed choice (`token_ids`, `token_logprobs`, ...)
 are kept on the finished choices, lists concatenated and `prompt_token_ids` taken once, so
@@ -16,7 +17,7 @@ from openai.types.chat.chat_completion import ChatCompletion, Choice, ChoiceLogp
 from openai.types.chat.chat_completion_chunk import ChatCompletionChunk
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
-from ...core.capture.exchange_capture import merge_tool_call
+from ...core.capture.chat_deltas import finished_chat_message, merge_chat_delta
 
 
 class IncompleteChatCompletionStreamError(ValueError):
@@ -55,20 +56,10 @@ def update_chat_completion(completion: ChatCompletion, chunk: ChatCompletionChun
             completion.choices.append(choice)
         if part.finish_reason is not None:
             choice.finish_reason = part.finish_reason
-        message, delta = choice.message, part.delta
-        if delta.content:
-            message.content = (message.content or "") + delta.content
-        if delta.refusal:
-            message.refusal = (message.refusal or "") + delta.refusal
-        if delta.tool_calls:
-            calls = [call.model_dump() for call in message.tool_calls or []]
-            for piece in delta.tool_calls:
-                while len(calls) <= piece.index:
-                    calls.append({"id": "", "type": "function"})
-                merge_tool_call(calls[piece.index], piece.model_dump(exclude_none=True))
-            message.tool_calls = ChatCompletionMessage.model_validate(
-                {"role": "assistant", "tool_calls": calls}
-            ).tool_calls
+        message = choice.message.model_dump(exclude_none=True)
+        delta = part.delta.model_dump(exclude_none=True)
+        merge_chat_delta(message, {key: value for key, value in delta.items() if value != ""})
+        choice.message = ChatCompletionMessage.model_validate(finished_chat_message(message))
         if part.logprobs is not None:
             logprobs = choice.logprobs or ChoiceLogprobs()
             if part.logprobs.content is not None:

@@ -17,13 +17,13 @@ the messages but not the token ids and logprobs a trainable model's responses ca
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from ...core.capture.exchange_capture import assemble_chat_stream, request_json
 from ...core.data.trajectories import Trajectory
 from ._warn import warn_once
 
@@ -148,11 +148,11 @@ class _ChatTrace:
             self._record(status, body)
 
     def _record(self, status: int, body: bytes) -> None:
-        text = body.decode("utf-8", errors="replace")
         if status >= 400:
+            text = body.decode("utf-8", errors="replace")
             self._generation.update(level="ERROR", status_message=f"HTTP {status}: {text[:500]}")
         else:
-            output, usage = _answer(text)
+            output, usage = _answer(body)
             self._generation.update(output=output, usage_details=usage or None)
         self._generation.end()
 
@@ -193,58 +193,30 @@ def _sdk_guard(what: str) -> Iterator[None]:
         )
 
 
-def _answer(text: str) -> tuple[Any, dict[str, int]]:
-    """The assistant message(s) and token usage of a chat completion (JSON or SSE)."""
-    chunks = _events(text)
-    messages: dict[int, dict[str, Any]] = {}
-    usage: dict[str, int] = {}
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            message = messages.setdefault(int(choice.get("index", 0)), {"role": "assistant"})
-            part = choice.get("message") or choice.get("delta") or {}
-            if isinstance(part.get("content"), str):
-                message["content"] = message.get("content", "") + part["content"]
-            for call in part.get("tool_calls") or []:
-                _add_tool_call(message.setdefault("tool_calls", []), call)
-        counts = chunk.get("usage") or {}
-        for ours, theirs in (("input", "prompt_tokens"), ("output", "completion_tokens")):
-            if isinstance(counts.get(theirs), int):
-                usage[ours] = counts[theirs]
-    answers = [messages[index] for index in sorted(messages)]
-    return (answers[0] if len(answers) == 1 else answers), usage
-
-
-def _events(text: str) -> list[dict[str, Any]]:
-    """The JSON objects of a response: the body itself, or each `data:` line of a stream."""
+def _answer(body: bytes | str) -> tuple[Any, dict[str, int]]:
+    """The assistant message(s) and token usage of a chat completion (JSON or SSE); a
+    stream is put together by the capture pipeline's re-assembler, finished or not."""
+    raw = body.encode() if isinstance(body, str) else body
+    whole = request_json(raw)
     try:
-        whole = json.loads(text)
-        return [whole] if isinstance(whole, dict) else []
-    except ValueError:
-        pass
-    events = []
-    for line in text.splitlines():
-        data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
-        if data and data != "[DONE]":
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-    return events
-
-
-def _add_tool_call(calls: list[dict[str, Any]], part: dict[str, Any]) -> None:
-    """Merge one tool call (whole, or a streamed delta of one) into `calls`."""
-    index = part.get("index", len(calls))
-    while len(calls) <= index:
-        calls.append({"type": "function", "function": {"name": "", "arguments": ""}})
-    call, function = calls[index], part.get("function") or {}
-    if part.get("id"):
-        call["id"] = part["id"]
-    for key in ("name", "arguments"):
-        if isinstance(function.get(key), str):
-            call["function"][key] += function[key]
+        top, choices = (
+            (whole, whole.get("choices") or [])
+            if whole
+            else assemble_chat_stream(raw, finished=False)
+        )
+    except (ValueError, KeyError, TypeError):  # no choice, an error event, a malformed one
+        return raw.decode("utf-8", errors="replace")[:2000], {}
+    answers = [
+        {key: value for key, value in choice.get("message", {}).items() if value is not None}
+        for choice in sorted(choices, key=lambda choice: int(choice.get("index", 0)))
+    ]
+    counts = top.get("usage") or {}
+    usage = {
+        ours: counts[theirs]
+        for ours, theirs in (("input", "prompt_tokens"), ("output", "completion_tokens"))
+        if isinstance(counts.get(theirs), int)
+    }
+    return (answers[0] if len(answers) == 1 else answers), usage
 
 
 def _last_answer(trajectory: Trajectory) -> Any:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from ....core.capture.exchange_capture import SseScan
 from ....core.data.errors import ConfigError
 from ..base import (
     AdapterGone,
@@ -204,10 +205,11 @@ class VLLMEngine:
             if response.status_code >= 400:
                 await response.aread()
                 _raise_for(response)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for delta in json.loads(line[len("data: ") :]).get("choices", []):
+            received, scan = bytearray(), SseScan()  # the server's stream: SSE events
+            async for part in response.aiter_bytes():
+                received += part
+                events = [data for _, data in scan.new(received) if data != "[DONE]"]
+                for delta in (d for data in events for d in json.loads(data).get("choices", [])):
                     choice = choices[delta["index"]]
                     for token in delta.get("token_ids") or []:
                         choice["token_ids"].append(token)
