@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
@@ -234,20 +235,70 @@ def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
     return parse_body(raw, ChatCompletionRequest)
 
 
+# Deeper than any request of the four protocols nests (a tool's JSON schema included);
+# Python's JSON reader and pydantic recurse, so a hostile body must be stopped here.
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def parse_body(raw: bytes, schema: type[Body]) -> Body:
-    """`raw`, a JSON object, validated as `schema`; or a 400 naming the bad value."""
+    """`raw`, a JSON object, validated as `schema`; or a 400 naming the bad value (not
+    JSON, nested deeper than `MAX_JSON_DEPTH`, text holding a lone UTF-16 surrogate,
+    a field of the wrong type or range)."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ApiError(
             400, f"body: the request body is not valid JSON ({error})", param="body"
         ) from error
+    except RecursionError as error:  # nested past the JSON reader's recursion limit
+        raise _too_deep() from error
     if not isinstance(data, dict):
         raise ApiError(400, "body: the request body must be a JSON object", param="body")
+    check_plain_json(data)
     try:
         return schema.model_validate(data)
     except ValidationError as error:
         raise validation_error(error.errors()) from error
+
+
+def check_plain_json(data: dict[str, Any]) -> None:
+    """A 400 for a body nested deeper than `MAX_JSON_DEPTH`, or holding a string (value or
+    key) with a lone UTF-16 surrogate, which JSON can escape but is not text: no
+    tokenizer or encoder takes it. Walked without recursion."""
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(data, ())]
+    while stack:
+        value, location = stack.pop()
+        if len(location) > MAX_JSON_DEPTH:
+            raise _too_deep()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                param = json_path(location) or "body"
+                raise ApiError(
+                    400,
+                    f"{param}: the text holds a lone UTF-16 surrogate, which is not a "
+                    "character. Send valid Unicode (a surrogate pair escapes one character)",
+                    param=param,
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    param = json_path(location) or "body"
+                    raise ApiError(
+                        400, f"{param}: a key holds a lone UTF-16 surrogate", param=param
+                    )
+                stack.append((item, (*location, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*location, index)) for index, item in enumerate(value))
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        400,
+        f"body: the request body nests deeper than {MAX_JSON_DEPTH} levels, which no "
+        "request of this API needs. Flatten it",
+        param="body",
+    )
 
 
 def json_path(location: Sequence[int | str]) -> str | None:
@@ -273,8 +324,11 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
             f"body: the request body is not valid JSON ({detail})".replace(" ()", ""),
             param="body",
         )
-    # Pydantic adds the union member it tried (`str`, `list[str]`) to the location.
-    location = [part for part in location if not _is_type_name(part)]
+    # Pydantic adds the union member it tried (`str`, `list[str]`) to the location; the
+    # last part of an unknown field's location is the client's own key, whatever it holds.
+    kept = location[-1:] if kind == "extra_forbidden" else []
+    location = [part for part in location[: len(location) - len(kept)] if not _is_type_name(part)]
+    location += kept
     param = json_path(location)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ArtValueError):  # our own checks know the exact path
@@ -284,7 +338,8 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
         message = f"unsupported parameter {param!r}"
     elif kind == "less_than_equal" and param in ("frequency_penalty", "presence_penalty"):
         message = f"{param} is not supported by this engine; leave it at 0"
-    if param and not message.startswith(str(location[0]) if location else param):
+    named = str(location[0]) if location else param
+    if param and not re.match(rf"{re.escape(str(named))}\b", message):  # not "containers"
         message = f"{param}: {message}"
     return ApiError(400, message, param=param)
 
@@ -298,8 +353,10 @@ def _is_type_name(part: int | str) -> bool:
 
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ApiError",
     "ChatCompletionRequest",
+    "check_plain_json",
     "check_stop",
     "error_protocol",
     "log_rejected",
