@@ -7,7 +7,7 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -170,3 +170,11 @@ def save_random_llama(
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def leaked(status: int, text: str, leaks: Iterable[str]) -> list[str]:
+    """What no answer to a fuzzed request may hold: a 5xx, a traceback, a server path."""
+    found = [f"status {status}: {text[:300]}"] if status >= 500 else []
+    if "Traceback" in text:
+        found.append("a traceback in the body")
+    return found + [f"the server path {leak!r} in the body" for leak in leaks if leak in text]

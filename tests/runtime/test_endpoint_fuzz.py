@@ -25,6 +25,7 @@ import httpx
 import pytest
 from anthropic.types import message_create_params
 from fake_endpoint import FixedRoutes, Words, fake_route, serving_app
+from helpers import leaked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types import completion_create_params
@@ -155,13 +156,8 @@ def requests(draw: st.DrawFn, protocol: str, broken: bool) -> dict[str, Any]:
 
 def problems(protocol: str, body: dict[str, Any], answer: httpx.Response) -> list[str]:
     """What is wrong with one answer (see the module docstring)."""
-    found = []
     text = answer.text
-    if answer.status_code >= 500:
-        found.append(f"status {answer.status_code}: {text[:300]}")
-    if "Traceback" in text:
-        found.append("a traceback in the body")
-    found += [f"the server path {leak!r} in the body" for leak in LEAKS if leak in text]
+    found = leaked(answer.status_code, text, LEAKS)
     if answer.status_code == 400:
         found += shape_problems(protocol, text, body)
     elif answer.status_code == 200 and body.get("stream") is True:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+from helpers import leaked
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -69,13 +70,7 @@ def aimed_at_the_seeded_model(case: schemathesis.Case) -> schemathesis.Case:
 
 def problems(response: httpx.Response | schemathesis.Response, leaks: list[str]) -> list[str]:
     """What is wrong with one answer: a 5xx, a leak, or a 4xx that names no field."""
-    found = []
-    text = response.text
-    if response.status_code >= 500:
-        found.append(f"status {response.status_code}")
-    if "Traceback" in text:
-        found.append("a traceback in the body")
-    found += [f"the server path {leak!r} in the body" for leak in leaks if leak in text]
+    found = leaked(response.status_code, response.text, leaks)
     if 400 <= response.status_code < 500:
         try:
             param = response.json().get("error", {}).get("param")
