@@ -261,26 +261,12 @@ async def tokenize(
 async def tensorize(
     items: Iterable[Trajectory] | Iterable[TrajectoryGroup],
     *,
-    multi_history: bool = False,
-    reconcile_text_equivalent_tokenizations: bool = False,
-    model: str | None = None,
-    base_model: str | None = None,
-    tokenizer: object | None = None,
-    chat_template: str | None = None,
-    chat_template_kwargs: Mapping[str, object] | None = None,
     device: Device = None,
+    **keywords: Any,
 ) -> list[TensorizedTrajectory] | list[TensorizedTrajectoryGroup]:
-    """`tokenize`, then each result as torch tensors on `device` (the CPU by default)."""
-    tokenized = await tokenize(
-        items,
-        multi_history=multi_history,
-        reconcile_text_equivalent_tokenizations=reconcile_text_equivalent_tokenizations,
-        model=model,
-        base_model=base_model,
-        tokenizer=tokenizer,
-        chat_template=chat_template,
-        chat_template_kwargs=chat_template_kwargs,
-    )
+    """`tokenize(items, **keywords)` (its keywords, each checked there), then each result
+    as torch tensors on `device` (the CPU by default)."""
+    tokenized = await tokenize(items, **keywords)
     return [item.tensorize(device=device) for item in tokenized]  # type: ignore[return-value]
 
 

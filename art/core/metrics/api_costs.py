@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
 from ..data.errors import ArtValueError
 from .costs import get_model_pricing, tokens_to_cost
@@ -215,8 +215,33 @@ def _anthropic_cost(usage: Any, pricing: TokenPricing) -> float | None:
     )
 
 
-def _with_overrides(base: TokenPricing, overrides: Mapping[str, float | None]) -> TokenPricing:
-    fields = {name: float(value) for name, value in overrides.items() if value is not None}
+class PriceOverrides(TypedDict, total=False):
+    """ART's keywords that override single prices of a model's entry, in US dollars per
+    million tokens: `extract_api_cost`, `MetricsBuilder.add_response_cost` and
+    `track_api_cost` take them (None: the entry's own price)."""
+
+    prompt_price_per_million: float | None
+    completion_price_per_million: float | None
+    cached_prompt_price_per_million: float | None
+    cache_creation_price_per_million: float | None
+    cache_read_price_per_million: float | None
+
+
+def check_price_overrides(caller: str, overrides: Mapping[str, Any]) -> None:
+    """A TypeError naming a keyword of `overrides` that is not a `PriceOverrides` one, as
+    Python names an unexpected keyword argument of `caller`."""
+    for keyword in sorted(overrides.keys() - PriceOverrides.__annotations__.keys()):
+        raise TypeError(f"{caller}() got an unexpected keyword argument {keyword!r}")
+
+
+def _with_overrides(base: TokenPricing, overrides: PriceOverrides) -> TokenPricing:
+    # `prompt_price_per_million` overrides TokenPricing's `prompt_per_million`, and so on.
+    given = cast(Mapping[str, float | None], overrides)  # every PriceOverrides value is one
+    fields = {
+        name.replace("_price_per_million", "_per_million"): float(value)
+        for name, value in given.items()
+        if value is not None
+    }
     return TokenPricing(**{**base.__dict__, **fields})
 
 
@@ -225,13 +250,9 @@ def extract_api_cost(
     *,
     provider: str,
     model_name: str,
-    prompt_price_per_million: float | None = None,
-    completion_price_per_million: float | None = None,
-    cached_prompt_price_per_million: float | None = None,
-    cache_creation_price_per_million: float | None = None,
-    cache_read_price_per_million: float | None = None,
     cost_extractors: Mapping[str, CostExtractor] | None = None,
     model_pricing: Mapping[str, TokenPricing] | None = None,
+    **price_overrides: Unpack[PriceOverrides],
 ) -> float | None:
     """The US-dollar cost of `response` (see the module docstring for the order).
 
@@ -239,6 +260,7 @@ def extract_api_cost(
     `cost_extractors` (by provider) and `model_pricing` (by model) come before the
     shipped tables. Raises `CostUnavailableError` where nothing prices the call.
     """
+    check_price_overrides("extract_api_cost", price_overrides)
     provider_name = normalize_provider(provider)
     if provider_name is None:
         raise ArtValueError("provider", "is empty", "Name the API's provider, e.g. 'openai'")
@@ -264,16 +286,7 @@ def extract_api_cost(
             "Register one with model.metrics_builder().register_model_pricing(...), or pass "
             "prompt_price_per_million and completion_price_per_million",
         )
-    pricing = _with_overrides(
-        base,
-        {
-            "prompt_per_million": prompt_price_per_million,
-            "completion_per_million": completion_price_per_million,
-            "cached_prompt_per_million": cached_prompt_price_per_million,
-            "cache_creation_per_million": cache_creation_price_per_million,
-            "cache_read_per_million": cache_read_price_per_million,
-        },
-    )
+    pricing = _with_overrides(base, price_overrides)
     usage = _field(response, "usage")
     if provider_name == OPENAI_PROVIDER:
         cost = _openai_cost(usage, pricing)
@@ -301,7 +314,9 @@ __all__ = [
     "OPENAI_PROVIDER",
     "CostExtractor",
     "CostUnavailableError",
+    "PriceOverrides",
     "TokenPricing",
+    "check_price_overrides",
     "default_token_pricing",
     "extract_api_cost",
     "load_litellm",

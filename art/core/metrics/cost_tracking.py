@@ -11,10 +11,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from functools import wraps
 from inspect import iscoroutinefunction
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 from ..data.errors import ArtValueError
-from .api_costs import P, R, normalize_model_name, normalize_provider
+from .api_costs import (
+    P,
+    PriceOverrides,
+    R,
+    check_price_overrides,
+    normalize_model_name,
+    normalize_provider,
+)
 from .metrics_builder import MetricsBuilder
 
 ResponseGetter = Callable[[Any], Any]
@@ -49,11 +56,7 @@ def track_api_cost(
     provider: str,
     model_name: str,
     response_getter: ResponseGetter | None = None,
-    prompt_price_per_million: float | None = None,
-    completion_price_per_million: float | None = None,
-    cached_prompt_price_per_million: float | None = None,
-    cache_creation_price_per_million: float | None = None,
-    cache_read_price_per_million: float | None = None,
+    **price_overrides: Unpack[PriceOverrides],
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a function (sync or async) that calls an API, so that each response's cost
     is recorded as `costs/<context>/<source>` in the active `MetricsBuilder`.
@@ -62,6 +65,7 @@ def track_api_cost(
     result). Outside an active metrics context nothing is recorded; inside one, a
     response nothing can price raises `CostUnavailableError` after the call.
     """
+    check_price_overrides("track_api_cost", price_overrides)
     normalized_source = source.strip("/")
     if not normalized_source:
         raise ArtValueError("source", "is empty", "Name the cost's source, e.g. 'judge/ruler'")
@@ -71,18 +75,11 @@ def track_api_cost(
     name = normalize_model_name(model_name)
     if name is None:
         raise ArtValueError("model_name", "is empty", "Name the model, e.g. 'openai/gpt-4.1'")
-    overrides = {
-        "prompt_price_per_million": prompt_price_per_million,
-        "completion_price_per_million": completion_price_per_million,
-        "cached_prompt_price_per_million": cached_prompt_price_per_million,
-        "cache_creation_price_per_million": cache_creation_price_per_million,
-        "cache_read_price_per_million": cache_read_price_per_million,
-    }
 
     def record(result: Any) -> None:
         response = response_getter(result) if response_getter is not None else result
         record_api_cost(
-            normalized_source, response, provider=provider_name, model_name=name, **overrides
+            normalized_source, response, provider=provider_name, model_name=name, **price_overrides
         )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:

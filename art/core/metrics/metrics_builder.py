@@ -29,14 +29,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import pydantic
 
 from ..data.errors import ArtValueError
 from .api_costs import (
     CostExtractor,
+    PriceOverrides,
     TokenPricing,
+    check_price_overrides,
     extract_api_cost,
     normalize_model_name,
     normalize_provider,
@@ -517,15 +519,12 @@ class MetricsBuilder:
         *,
         provider: str,
         model_name: str,
-        prompt_price_per_million: float | None = None,
-        completion_price_per_million: float | None = None,
-        cached_prompt_price_per_million: float | None = None,
-        cache_creation_price_per_million: float | None = None,
-        cache_read_price_per_million: float | None = None,
+        **price_overrides: Unpack[PriceOverrides],
     ) -> float | None:
         """Price an API `response` (`art.api_costs.extract_api_cost`) and add it as
         `costs/<cost_context>/<source>`; returns the cost. An unpriceable call raises
         `CostUnavailableError`."""
+        check_price_overrides("add_response_cost", price_overrides)
         normalized_source = source.strip("/")
         if not normalized_source:
             raise ArtValueError("source", "is empty", "Name the source, e.g. 'judge/ruler'")
@@ -533,13 +532,9 @@ class MetricsBuilder:
             response,
             provider=provider,
             model_name=model_name,
-            prompt_price_per_million=prompt_price_per_million,
-            completion_price_per_million=completion_price_per_million,
-            cached_prompt_price_per_million=cached_prompt_price_per_million,
-            cache_creation_price_per_million=cache_creation_price_per_million,
-            cache_read_price_per_million=cache_read_price_per_million,
             cost_extractors=self._shared.cost_extractors,
             model_pricing=self._shared.model_pricing,
+            **price_overrides,
         )
         if cost is None:
             return None

@@ -494,6 +494,13 @@ async def test_tokenize_gives_the_sampled_ids_with_their_flags_and_tensorize_ten
 async def test_tokenize_refuses_what_it_does_not_build_by_name(argument: str, value: Any) -> None:
     with pytest.raises(art.TrajectoryValidationError, match=argument):
         await art.tokenize([agent_loop()], **{argument: value})
+    with pytest.raises(art.TrajectoryValidationError, match=argument):  # tensorize's are its
+        await art.tensorize([agent_loop()], **{argument: value})
+
+
+async def test_tensorize_refuses_a_keyword_tokenize_does_not_take() -> None:
+    with pytest.raises(TypeError, match="'multi_histories'"):
+        await art.tensorize([agent_loop()], multi_histories=True)
 
 
 async def test_tokenize_names_several_conversations_and_a_missing_tokenizer() -> None:

@@ -177,6 +177,22 @@ def test_track_api_cost_records_into_the_active_builder_only() -> None:
         api_costs.track_api_cost(source="s", provider="openai", model_name=" ")
 
 
+def test_a_price_keyword_that_is_not_one_is_refused_by_name_where_it_is_given() -> None:
+    misspelt = {"prompt_price_per_milion": 1.0}
+    with pytest.raises(TypeError, match=r"track_api_cost.*'prompt_price_per_milion'"):
+        api_costs.track_api_cost(source="s", provider="openai", model_name="m", **misspelt)
+    with pytest.raises(TypeError, match=r"extract_api_cost.*'prompt_price_per_milion'"):
+        api_costs.extract_api_cost({}, provider="openai", model_name="m", **misspelt)
+    with pytest.raises(TypeError, match=r"add_response_cost.*'prompt_price_per_milion'"):
+        MetricsBuilder(cost_context="train").add_response_cost(
+            "s",
+            {},
+            provider="openai",
+            model_name="m",
+            **misspelt,
+        )
+
+
 def test_an_unpriced_tracked_call_inside_a_context_raises_after_the_call() -> None:
     calls: list[int] = []
 
