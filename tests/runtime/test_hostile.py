@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import pytest_asyncio
 
@@ -479,40 +478,6 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except FileNotFoundError:
         return "gone"
-
-
-async def test_a_dead_service_child_is_named_on_the_next_call_inference_included(
-    tmp_path: Path,
-) -> None:
-    backend = LocalBackend(path=tmp_path / ".art")
-    try:
-        model = await trainee(backend, "orphan")
-        client = model.openai_client()
-        answer = await client.chat.completions.create(
-            model=model.name,
-            messages=ask("Hi"),
-            max_tokens=2,  # type: ignore[arg-type]
-        )
-        assert answer.choices[0].message.role == "assistant"
-        from art.runtime.process import ServiceProcess
-
-        service = backend._model_service()
-        assert isinstance(service, ServiceProcess)
-        os.kill(service._process.pid, signal.SIGKILL)
-        service._process.wait()
-
-        with pytest.raises(openai.APIStatusError, match="was killed by signal 9") as raised:
-            await client.with_options(max_retries=0).chat.completions.create(
-                model=model.name,
-                messages=ask("Hi"),
-                max_tokens=2,  # type: ignore[arg-type]
-            )
-        assert raised.value.status_code == 503
-        assert "Create a new LocalBackend" in str(raised.value)
-        with pytest.raises(art.BackendError, match=r"was killed by signal 9.*new LocalBackend"):
-            await model.train([art.TrajectoryGroup([plain(0.0), plain(1.0)])], _config=ALLOW)
-    finally:
-        await backend.close()
 
 
 ALLOW = art.dev.TrainConfig(allow_training_without_logprobs=True)

@@ -557,4 +557,4 @@ def _transport(service: ServiceAPI) -> Any:
     """The child process's transport, which names the child if it died; None in-process."""
     from ...runtime.process import ServiceProcess, ServiceTransport
 
-    return ServiceTransport(service.failure) if isinstance(service, ServiceProcess) else None
+    return ServiceTransport(service) if isinstance(service, ServiceProcess) else None

@@ -85,12 +85,23 @@ class ModelService:
 
     With a `placement`, its engines and trainers run there (a Ray cluster) instead of on
     the model this process loaded, which then only names adapters and renders prompts.
+    `api_key` and `port` fix the endpoint's key and port (a new random key and a free
+    port when not given): a service started again after its process died serves at the
+    address its clients already hold.
     """
 
-    def __init__(self, path: str, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        placement: Placement | None = None,
+        *,
+        api_key: str | None = None,
+        port: int = 0,
+    ) -> None:
         self.path = path
         self.placement = placement
-        self.api_key = f"art-{secrets.token_urlsafe(24)}"
+        self.api_key = api_key or f"art-{secrets.token_urlsafe(24)}"
+        self.port = port
         self._bases: dict[str, LoadedBase] = {}  # by resolved weights
         self._models: dict[str, TrainedModel] = {}  # by "project/name"
         self._adapter_ids = itertools.count()  # never reused, though models are unloaded
@@ -445,14 +456,17 @@ class ModelService:
         import uvicorn
 
         app = build_app(self, self.api_key)
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, name="art-openai-server", daemon=True)
         thread.start()
         deadline = time.monotonic() + 30
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the OpenAI-compatible server did not start")
+                where = f" on port {self.port}" if self.port else ""
+                raise RuntimeError(f"the OpenAI-compatible server did not start{where}")
             time.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
         self._server = server
