@@ -119,6 +119,19 @@ RUNS = [
         id="sampler_fidelity",
     ),
     pytest.param(
+        "soak",
+        [],
+        [
+            "machine: ",
+            "requests in ",
+            " 0 failed",
+            "| end (idle) |",
+            "rows and batch KV freed once idle: yes",
+            "RSS not judged in --quick",
+        ],
+        id="soak",
+    ),
+    pytest.param(
         "sft",
         [],
         # Without TRL the script runs our side and prints why TRL's was not measured, on

@@ -161,6 +161,11 @@ class ServiceProcess:
         how = self._death or self._failure_of(self._process)
         return how if self._restart_failure is None else f"{how}; {self._restart_failure}"
 
+    @property
+    def pid(self) -> int:
+        """The running child's process id (a new one after a restart)."""
+        return self._process.pid
+
     def restart_failed(self) -> bool:
         """Whether the last attempt to start a new child failed (the next call tries again)."""
         return self._restart_failure is not None

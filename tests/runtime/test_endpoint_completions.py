@@ -274,11 +274,20 @@ async def test_max_tokens_unset_is_cut_to_the_room_left_in_the_context(
     assert engine.requests[0].params.max_tokens == 3
 
 
+async def test_max_tokens_past_the_context_is_cut_to_the_room_left_as_vllm_does(
+    client: AsyncOpenAI, engine: FakeEngine
+) -> None:
+    prompt = " ".join(["cat"] * (CONTEXT - 3))
+    for asked in (CONTEXT, 2**63):
+        engine.requests.clear()
+        await client.completions.create(model="base", prompt=prompt, max_tokens=asked)
+        assert engine.requests[0].params.max_tokens == 3
+
+
 BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"prompt": None}, "prompt", "Field required"),
     ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"max_tokens": "many"}, "max_tokens", "valid integer"),
-    ({"max_tokens": CONTEXT}, "max_tokens", "does not fit"),
     ({"prompt": ""}, "prompt", "no tokens"),
     ({"prompt": []}, "prompt", "must be a string"),
     ({"prompt": ["once", 3]}, "prompt[1]", "does not match prompt[0]"),

@@ -87,6 +87,17 @@ async def test_a_chat_completion_returns_the_scripted_ids_and_logprobs(
     assert request.params.max_tokens == 5
 
 
+async def test_a_max_tokens_past_the_context_is_cut_to_the_room_left(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    for field in ("max_tokens", "max_completion_tokens"):
+        engine.requests.clear()
+        answer = await http.post("/chat/completions", json=ask("base", **{field: 2**63}))
+        assert answer.status_code == 200, answer.text
+        (request,) = engine.requests
+        assert request.params.max_tokens == CONTEXT - len(request.prompt_ids)
+
+
 async def test_an_unknown_model_is_a_404_naming_it(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:

@@ -127,6 +127,15 @@ class ReplicaRouter:
         """0: the replicas hold their weights in their own processes."""
         return 0
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        """0: the replicas hold their caches in their own processes."""
+        return 0
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return 0
+
     def load_adapter(self, name: str, directory: Path) -> None:
         """Load the checkpoint on every live replica; return once all of them serve it."""
         with self._publish_lock:

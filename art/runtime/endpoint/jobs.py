@@ -157,10 +157,9 @@ def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
         raise ApiError(400, f"messages: cannot be rendered: {error}", param="messages") from error
     prompt_ids: list[int] = route.tokenizer(text + prefill, add_special_tokens=False).input_ids
     asked = body.max_completion_tokens or body.max_tokens
-    room = room_for(route, prompt_ids, "messages", asked)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     params = SamplingParams(
-        max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
+        max_tokens=token_budget(route, prompt_ids, "messages", asked or None, DEFAULT_MAX_TOKENS),
         temperature=body.temperature,
         top_p=body.top_p,
         stop=stop,
@@ -170,10 +169,13 @@ def prepare_job(body: ChatCompletionRequest, route: Route) -> Job:
     return Job(prompt_ids, params, prefill, forced, tool_names=tuple(names))
 
 
-def room_for(route: Route, prompt_ids: list[int], param: str, asked: int | None) -> int:
-    """The tokens `route`'s context has room for after `prompt_ids` (sent as `param`); a
-    400 if the prompt fills the context, or if `asked` (the request's `max_tokens`) does
-    not fit in it."""
+def token_budget(
+    route: Route, prompt_ids: list[int], param: str, asked: int | None, default: int
+) -> int:
+    """The tokens a request may sample after `prompt_ids` (sent as `param`): `asked` (its
+    `max_tokens`, else `default`), cut to the room `route`'s context has left, as vLLM
+    does (0.32's `get_max_tokens`), so a budget past the context ends with
+    `finish_reason: "length"` where the context does; a 400 if the prompt fills it."""
     room = route.context_length - len(prompt_ids)
     if room < 1:
         raise ApiError(
@@ -183,15 +185,7 @@ def room_for(route: Route, prompt_ids: list[int], param: str, asked: int | None)
             param=param,
             code="context_length_exceeded",
         )
-    if asked is not None and asked > room:
-        raise ApiError(
-            400,
-            f"max_tokens: {asked} does not fit: the prompt has {len(prompt_ids)} tokens and the "
-            f"context is {route.context_length}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return room
+    return min(default if asked is None else asked, room)
 
 
 def _grammar(body: ChatCompletionRequest, route: Route, job: Job) -> Grammar | None:
@@ -275,6 +269,6 @@ __all__ = [
     "prepare_job",
     "read_request",
     "ready_job",
-    "room_for",
     "run_job",
+    "token_budget",
 ]

@@ -94,6 +94,18 @@ class Engine(Protocol):
         ...
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of keys and values this process holds for running sequences (0 where
+        they live in another process: vLLM, Ray replicas)."""
+        ...
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        """Bytes of keys and values this process keeps for prompt prefixes between
+        requests (bounded; 0 where there is no such cache in this process)."""
+        ...
+
+    @property
     def samples_merged(self) -> bool:
         """True: an adapter is sampled from a plain copy of the weights with it merged in
         (`merge_lora`); False: it is applied beside the base weights at every step."""

@@ -69,6 +69,14 @@ class FakeEngine:
     def active_rows(self) -> int:
         return self._active_rows
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0  # it computes nothing
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return 0
+
     async def generate(
         self,
         prompt_ids: list[int],

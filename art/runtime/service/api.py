@@ -62,6 +62,13 @@ class ServiceAPI(Protocol):
         requests still waiting for it fail (`AdapterGone`)."""
         ...
 
+    def engine_state(self) -> list[dict[str, Any]]:
+        """Each loaded base model's engine now: `base_model`, `engine` (its class),
+        `active_rows` (sequences being sampled), `kv_cache_bytes` (their keys and values)
+        and `prefix_cache_bytes` (prompt prefixes kept between requests), the bytes those
+        held in the service's process (0 for vLLM's and Ray replicas' own)."""
+        ...
+
     def close(self) -> None:
         """Stop serving and training; stored files stay."""
         ...

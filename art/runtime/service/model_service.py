@@ -236,6 +236,22 @@ class ModelService:
         publish(trained, step)
         return step
 
+    def engine_state(self) -> list[dict[str, Any]]:
+        """Each loaded base's engine now (`ServiceAPI.engine_state`)."""
+        with self._registry_lock:
+            bases = list(self._bases.values())
+        return [
+            {
+                "base_model": base.name,
+                "engine": type(base.engine).__name__,
+                "active_rows": base.engine.active_rows,
+                "kv_cache_bytes": base.engine.kv_cache_bytes,
+                "prefix_cache_bytes": base.engine.prefix_cache_bytes,
+            }
+            for base in bases
+            if base.engine is not None
+        ]
+
     def close(self) -> None:
         if self._server is not None:
             self._server.should_exit = True

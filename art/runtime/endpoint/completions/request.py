@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from ....core.data.errors import ArtValueError
 from ...engines.base import SamplingParams
-from ..jobs import room_for
+from ..jobs import token_budget
 from ..request import MAX_SEED, ApiError, check_stop, parse_body
 from ..response import Job, Route
 
@@ -211,8 +211,7 @@ def prepare_prompts(body: CompletionRequest, route: Route) -> list[Prompt]:
 
 def _params(body: CompletionRequest, route: Route, ids: list[int], param: str) -> SamplingParams:
     asked = body.max_tokens if "max_tokens" in body.model_fields_set else None
-    room = room_for(route, ids, param, asked)
-    max_tokens = asked if asked is not None else min(DEFAULT_COMPLETION_TOKENS, room)
+    max_tokens = token_budget(route, ids, param, asked, DEFAULT_COMPLETION_TOKENS)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         max_tokens=max_tokens,

@@ -48,6 +48,9 @@ async def stream(
         for p, prompt in enumerate(prompts)
     ]
     generation = asyncio.gather(*tasks)
+    # A client that hangs up leaves `generation` unawaited, failed with the cancellation
+    # of its tasks: retrieving that here keeps asyncio from logging it as unhandled.
+    generation.add_done_callback(lambda done: done.cancelled() or done.exception())
     try:
         if body.echo:
             for index in range(total):

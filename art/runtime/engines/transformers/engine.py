@@ -43,9 +43,11 @@ import torch
 
 from ... import models
 from ...torch_thread import TorchThread, shared
+from ...trainer.memory import return_free_heap
 from ..base import AdapterGone, EngineSpec, OnToken, Sample, SamplingParams
 from ..structured import Grammars
 from .batch import Batch, BatchDecoder, join
+from .kv_cache import cache_bytes
 from .lean_decode import LeanDecoder
 from .merged import MergedCopy, mergeable, plain_model
 from .prefix_cache import PrefixCache
@@ -107,6 +109,7 @@ class TransformersEngine:
         self._wanted = False  # something happened that the running job may not have seen
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._active_rows = 0
+        self._batch_kv_bytes = 0  # the running batch's cache, as of the last decode step
 
     @property
     def samples_merged(self) -> bool:
@@ -140,6 +143,15 @@ class TransformersEngine:
     def active_rows(self) -> int:
         """Rows (sequences) in the running batch, as of the last decode step."""
         return self._active_rows
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The running batch's cache, as of the last decode step."""
+        return self._batch_kv_bytes
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return self._prefixes.bytes
 
     def training(self) -> contextlib.AbstractContextManager[None]:
         """A pause where this engine decodes from the trainer's model; else nothing."""
@@ -251,7 +263,7 @@ class TransformersEngine:
         """
         with self._schedule_lock:
             self._wanted = False
-        blocked = False
+        blocked = ran = False
         try:
             if self._closed:
                 return
@@ -266,6 +278,7 @@ class TransformersEngine:
                     blocked = True
                     break
                 try:
+                    ran = True
                     self._run_batch()
                 finally:
                     self._model_lock.release()
@@ -275,6 +288,10 @@ class TransformersEngine:
                 again = self._wanted or (not blocked and bool(self._held))
             if again:
                 self._schedule()
+            elif ran and self._queue.empty():
+                # Idle: the batches' caches, freed, go back to the system. Under glibc's
+                # mmap threshold they came from the heap, which keeps its high-water mark.
+                return_free_heap()
 
     def _run_batch(self) -> None:
         """Decode the first held request's adapter until its rows are done and no more
@@ -300,13 +317,14 @@ class TransformersEngine:
                         break
                     batch = self._decoder.step(batch)
                     self._active_rows = len(batch.rows)
+                    self._batch_kv_bytes = cache_bytes(batch.cache)
         except BaseException as error:  # delivered to the waiting callers, never lost
             if not admitted:  # selecting the adapter failed: never retry it forever
                 self._fail_waiting(adapter, error)
             for request in admitted:
                 request.fail(error)
         finally:
-            self._active_rows = 0
+            self._active_rows = self._batch_kv_bytes = 0
 
     def _fail_waiting(self, adapter: str | None, error: BaseException) -> None:
         """Fail every held request for `adapter`: none of them can run."""

@@ -103,6 +103,11 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         super().reset()
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of both buffers."""
+        return self._key_buffer.nbytes + self._value_buffer.nbytes
+
+    @property
     def room(self) -> tuple[int, int]:
         """Rows and positions the buffers hold before they must be reallocated."""
         buffer = self._key_buffer
@@ -185,6 +190,11 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         """A view of the `rows` rows' `start:length` positions of the key or value buffer."""
         buffer = self._key_buffer if keys else self._value_buffer
         return buffer[: self.rows, :, self.start : self.length]
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes the cache's buffers hold (their room, filled or not)."""
+    return sum(layer.nbytes for layer in cache.layers if isinstance(layer, GrowingLayer))
 
 
 def new_cache() -> Cache:

@@ -309,6 +309,15 @@ class VLLMEngine:
         """0: vLLM's weights are in its own process."""
         return 0
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        """0: vLLM's cache is in its own process."""
+        return 0
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return 0
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._state:

@@ -247,6 +247,14 @@ class ExternalVLLMEngine:
     def memory_bytes(self) -> int:
         return 0  # the weights are in the server's process
 
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 0  # the cache is in the server's process
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return 0
+
     def close(self) -> None:
         """Unload this engine's adapters from the server (which keeps running)."""
         for name in sorted(self._loaded):
