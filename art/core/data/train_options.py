@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, Unpack
 
 from . import dev
 from .errors import ConfigError
@@ -117,19 +117,12 @@ class TrainOptions:
     verbose: bool = False
 
 
-class LocalTrainKeywords(TypedDict, total=False):
-    """ART 0.5.18's `LocalBackend.train` keywords (`**keywords` of LocalBackend and
-    RayBackend); their defaults and meanings are `local_train_options`'s."""
+class PolicyKeywords(TypedDict, total=False):
+    """The keywords ART 0.5.18's `LocalBackend.train` and `ServerlessBackend.train` share:
+    the step size and the loss's shape. Their defaults are `POLICY_DEFAULTS`, their
+    meanings the module docstring's."""
 
     learning_rate: float
-    loss_fn: Literal["cispo", "ppo"]
-    loss_fn_config: dict[str, Any] | None
-    normalize_advantages: bool
-    adam_params: Any
-    kl_penalty_coef: float
-    kl_penalty_reference_step: int | None
-    kl_ref_adapter_path: str | None
-    kl_penalty_source: Literal["current_learner", "sample"]
     epsilon: float | None
     epsilon_high: float | None
     advantage_balance: float
@@ -139,6 +132,37 @@ class LocalTrainKeywords(TypedDict, total=False):
     mask_prob_ratio: bool
     kimi_k2_tau: float | None
     precalculate_logprobs: bool
+    verbose: bool
+
+
+# ART's defaults for both backends.
+POLICY_DEFAULTS: PolicyKeywords = {
+    "learning_rate": 5e-6,
+    "epsilon": None,
+    "epsilon_high": None,
+    "advantage_balance": 0.0,
+    "scale_rewards": True,
+    "importance_sampling_level": "token",
+    "max_negative_advantage_importance_sampling_weight": None,
+    "mask_prob_ratio": False,
+    "kimi_k2_tau": None,
+    "precalculate_logprobs": False,
+    "verbose": False,
+}
+
+
+class LocalTrainKeywords(PolicyKeywords, total=False):
+    """ART 0.5.18's `LocalBackend.train` keywords (`**keywords` of LocalBackend and
+    RayBackend); their defaults and meanings are `local_train_options`'s."""
+
+    loss_fn: Literal["cispo", "ppo"]
+    loss_fn_config: dict[str, Any] | None
+    normalize_advantages: bool
+    adam_params: Any
+    kl_penalty_coef: float
+    kl_penalty_reference_step: int | None
+    kl_ref_adapter_path: str | None
+    kl_penalty_source: Literal["current_learner", "sample"]
     allow_training_without_logprobs: bool
     plot_tensors: bool
     truncated_importance_sampling: float | None
@@ -150,12 +174,26 @@ class LocalTrainKeywords(TypedDict, total=False):
     optimizer_save_interval: int
     final_training_step: int | None
     grad_accumulation_sequences: int | None
-    verbose: bool
+
+
+class ServerlessTrainKeywords(PolicyKeywords, total=False):
+    """ART 0.5.18's `ServerlessBackend.train` keywords (its `**keywords`); their defaults
+    and meanings are `serverless_train_options`'s."""
+
+    ppo: bool
+
+
+def _policy(backend: str, given: PolicyKeywords) -> dict[str, Any]:
+    """`given` over `POLICY_DEFAULTS`; a TypeError for a keyword neither backend takes, as
+    ART's own signature raises it."""
+    for keyword in given:
+        if keyword not in POLICY_DEFAULTS:
+            raise TypeError(f"{backend}.train() got an unexpected keyword argument {keyword!r}")
+    return {**POLICY_DEFAULTS, **given}
 
 
 def local_train_options(
     *,
-    learning_rate: float = 5e-6,
     loss_fn: Literal["cispo", "ppo"] = "cispo",
     loss_fn_config: dict[str, Any] | None = None,
     normalize_advantages: bool = True,
@@ -164,15 +202,6 @@ def local_train_options(
     kl_penalty_reference_step: int | None = None,
     kl_ref_adapter_path: str | None = None,
     kl_penalty_source: Literal["current_learner", "sample"] = "current_learner",
-    epsilon: float | None = None,
-    epsilon_high: float | None = None,
-    advantage_balance: float = 0.0,
-    scale_rewards: bool = True,
-    importance_sampling_level: str = "token",
-    max_negative_advantage_importance_sampling_weight: float | None = None,
-    mask_prob_ratio: bool = False,
-    kimi_k2_tau: float | None = None,
-    precalculate_logprobs: bool = False,
     allow_training_without_logprobs: bool = False,
     plot_tensors: bool = False,
     truncated_importance_sampling: float | None = None,
@@ -184,10 +213,12 @@ def local_train_options(
     optimizer_save_interval: int = 1,
     final_training_step: int | None = None,
     grad_accumulation_sequences: int | None = None,
-    verbose: bool = False,
+    **shared: Unpack[PolicyKeywords],
 ) -> TrainOptions:
     """ART's `LocalBackend.train` keywords as our configs; a `ConfigError` naming any
-    keyword refused (see the module docstring for each)."""
+    keyword refused (see the module docstring for each). The keywords both backends
+    take come in `shared` (defaults: `POLICY_DEFAULTS`)."""
+    policy = _policy("LocalBackend", shared)
     _check_reference(kl_penalty_coef, kl_penalty_reference_step, kl_ref_adapter_path)
     _refuse(
         {
@@ -217,98 +248,79 @@ def local_train_options(
         )
     _check_bool("normalize_advantages", normalize_advantages)
     _check_bool("save_checkpoint", save_checkpoint)
-    _check_bool("verbose", verbose)
-    return TrainOptions(
+    if not normalize_advantages:
+        policy["scale_rewards"] = False
+    return _options(
+        policy,
+        ppo=loss_fn == "ppo",
         config=TrainConfig(
-            learning_rate=learning_rate,
+            learning_rate=policy["learning_rate"],
             kl_penalty_coef=kl_penalty_coef,
             kl_penalty_source=kl_penalty_source,
             optimizer_save_interval=optimizer_save_interval,
             final_training_step=final_training_step,
             grad_accumulation_sequences=grad_accumulation_sequences,
         ),
-        dev_config=_dev_config(
-            ppo=loss_fn == "ppo",
-            epsilon=epsilon,
-            epsilon_high=epsilon_high,
-            scale_rewards=scale_rewards if normalize_advantages else False,
-            importance_sampling_level=importance_sampling_level,
-            allow_training_without_logprobs=allow_training_without_logprobs,
-            max_negative_advantage_importance_sampling_weight=(
-                max_negative_advantage_importance_sampling_weight
-            ),
-            mask_prob_ratio=mask_prob_ratio,
-            kimi_k2_tau=kimi_k2_tau,
-            advantage_balance=advantage_balance,
-            precalculate_logprobs=precalculate_logprobs,
-            truncated_importance_sampling=truncated_importance_sampling,
-            num_trajectories_learning_rate_multiplier_power=(
-                num_trajectories_learning_rate_multiplier_power
-            ),
-            kl_ref_adapter_path=kl_ref_adapter_path,
-            packed_sequence_length=packed_sequence_length,
-            logprob_calculation_chunk_size=logprob_calculation_chunk_size,
+        allow_training_without_logprobs=allow_training_without_logprobs,
+        truncated_importance_sampling=truncated_importance_sampling,
+        num_trajectories_learning_rate_multiplier_power=(
+            num_trajectories_learning_rate_multiplier_power
         ),
+        kl_ref_adapter_path=kl_ref_adapter_path,
+        packed_sequence_length=packed_sequence_length,
+        logprob_calculation_chunk_size=logprob_calculation_chunk_size,
         reference_step=kl_penalty_reference_step,
         report_checkpoint=save_checkpoint,
-        verbose=verbose,
     )
 
 
-class ServerlessTrainKeywords(TypedDict, total=False):
-    """ART 0.5.18's `ServerlessBackend.train` keywords (its `**keywords`); their defaults
-    and meanings are `serverless_train_options`'s."""
-
-    learning_rate: float
-    ppo: bool
-    epsilon: float | None
-    epsilon_high: float | None
-    advantage_balance: float
-    scale_rewards: bool
-    importance_sampling_level: Literal["token", "sequence", "average", "geometric_average"]
-    max_negative_advantage_importance_sampling_weight: float | None
-    mask_prob_ratio: bool
-    kimi_k2_tau: float | None
-    precalculate_logprobs: bool
-    verbose: bool
-
-
 def serverless_train_options(
-    *,
-    learning_rate: float = 5e-6,
-    ppo: bool = False,
-    epsilon: float | None = None,
-    epsilon_high: float | None = None,
-    advantage_balance: float = 0.0,
-    scale_rewards: bool = True,
-    importance_sampling_level: str = "token",
-    max_negative_advantage_importance_sampling_weight: float | None = None,
-    mask_prob_ratio: bool = False,
-    kimi_k2_tau: float | None = None,
-    precalculate_logprobs: bool = False,
-    verbose: bool = False,
+    *, ppo: bool = False, **shared: Unpack[PolicyKeywords]
 ) -> TrainOptions:
-    """ART's `ServerlessBackend.train` keywords as our configs."""
+    """ART's `ServerlessBackend.train` keywords as our configs (the shared ones'
+    defaults: `POLICY_DEFAULTS`)."""
+    policy = _policy("ServerlessBackend", shared)
     _check_bool("ppo", ppo)
-    _check_bool("verbose", verbose)
+    return _options(
+        policy,
+        ppo=ppo,
+        config=TrainConfig(learning_rate=policy["learning_rate"]),
+        allow_training_without_logprobs=False,
+    )
+
+
+def _options(
+    policy: dict[str, Any],
+    *,
+    ppo: bool,
+    config: TrainConfig,
+    reference_step: int | None = None,
+    report_checkpoint: bool = True,
+    **fields: Any,
+) -> TrainOptions:
+    """The `TrainOptions` of the shared keywords (`policy`) and a backend's own `fields`
+    of `dev.TrainConfig`."""
+    _check_bool("verbose", policy["verbose"])
     return TrainOptions(
-        config=TrainConfig(learning_rate=learning_rate),
+        config=config,
         dev_config=_dev_config(
             ppo=ppo,
-            epsilon=epsilon,
-            epsilon_high=epsilon_high,
-            scale_rewards=scale_rewards,
-            importance_sampling_level=importance_sampling_level,
-            allow_training_without_logprobs=False,
+            epsilon=policy["epsilon"],
+            epsilon_high=policy["epsilon_high"],
+            scale_rewards=policy["scale_rewards"],
+            importance_sampling_level=policy["importance_sampling_level"],
             max_negative_advantage_importance_sampling_weight=(
-                max_negative_advantage_importance_sampling_weight
+                policy["max_negative_advantage_importance_sampling_weight"]
             ),
-            mask_prob_ratio=mask_prob_ratio,
-            kimi_k2_tau=kimi_k2_tau,
-            advantage_balance=advantage_balance,
-            precalculate_logprobs=precalculate_logprobs,
+            mask_prob_ratio=policy["mask_prob_ratio"],
+            kimi_k2_tau=policy["kimi_k2_tau"],
+            advantage_balance=policy["advantage_balance"],
+            precalculate_logprobs=policy["precalculate_logprobs"],
+            **fields,
         ),
-        verbose=verbose,
+        reference_step=reference_step,
+        report_checkpoint=report_checkpoint,
+        verbose=policy["verbose"],
     )
 
 
@@ -360,7 +372,11 @@ def _check_bool(keyword: str, value: Any) -> None:
 
 __all__ = [
     "NOT_BUILT",
+    "POLICY_DEFAULTS",
+    "LocalTrainKeywords",
     "NotBuilt",
+    "PolicyKeywords",
+    "ServerlessTrainKeywords",
     "TrainOptions",
     "local_train_options",
     "not_built_error",
