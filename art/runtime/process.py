@@ -343,13 +343,13 @@ class _StreamNamingDeath(httpx.AsyncByteStream):
 
     def __init__(self, inner: Any, service: ServiceProcess, deaths: int, events: bool) -> None:
         self._inner, self._service, self._deaths = inner, service, deaths
-        self._events = events
+        self._event_stream = events
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         pending = b""
         try:
             async for part in self._inner:
-                if not self._events:
+                if not self._event_stream:
                     yield part
                     continue
                 pending += part
@@ -363,7 +363,7 @@ class _StreamNamingDeath(httpx.AsyncByteStream):
             failure = await _death_since(self._service, self._deaths)
             if failure is None:
                 raise
-            if not self._events:
+            if not self._event_stream:
                 raise httpx.RemoteProtocolError(failure) from error
             died = {
                 "message": failure,
