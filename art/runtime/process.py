@@ -206,7 +206,8 @@ class ServiceProcess:
         with self._lock:
             if self._closed:
                 raise BackendError("the model service was closed (LocalBackend.close)")
-            if self._process.poll() is not None:  # a restart failed: try once more
+            # Dead: the watcher has not restarted it yet, or its restart failed.
+            if self._process.poll() is not None:
                 self._note_death()
                 self._restart()
                 if (failure := self.failure()) is not None:
