@@ -19,8 +19,10 @@ whose messages their request begins with. The first conversation is the main one
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from openai.types import Completion
@@ -435,6 +437,8 @@ def histories_of(trajectory: Rollout, *, model: str | None = None) -> list[Histo
             )
         main = History(messages_and_choices=trajectory.messages_and_choices, tools=trajectory.tools)
         return [main, *trajectory.additional_histories]
+    if model is None:  # the whole trajectory's: parsed once while its exchanges stay
+        return list(_built_histories(trajectory.exchanges))
     selected = selected_exchanges(trajectory, model)
     if not selected:
         raise TrajectoryValidationError(
@@ -443,7 +447,34 @@ def histories_of(trajectory: Rollout, *, model: str | None = None) -> list[Histo
             f"{sorted({e.model or '?' for e in trajectory.exchanges.all()})})",
             "Pass one of those names, a shell pattern matching one, or leave model out",
         )
-    return [History(messages_and_choices=c.items, tools=c.tools) for c in _conversations(selected)]
+    return _histories(selected)
+
+
+def _histories(exchanges: Sequence[Exchange]) -> list[History]:
+    return [History(messages_and_choices=c.items, tools=c.tools) for c in _conversations(exchanges)]
+
+
+# The histories built from each `TrajectoryExchanges` (by id, dropped when it is
+# collected), with the exchanges they were built from. Outside the model: pydantic
+# compares private attributes, so a cache there would make equal trajectories unequal.
+_BUILT: dict[int, tuple[tuple[tuple[int, datetime], ...], list[History]]] = {}
+
+
+def _built_histories(exchanges: TrajectoryExchanges) -> list[History]:
+    """`_histories` of every exchange, built once while the lists hold the same exchanges
+    (by identity and start time): a training walk reads a trajectory's conversations to
+    check it and to tokenize it, and parses its exchanges once for both. An exchange
+    changed in place is not seen; one added, removed or replaced is."""
+    every = exchanges.all()
+    key = tuple((id(exchange), exchange.start_time) for exchange in every)
+    kept = _BUILT.get(id(exchanges))
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    if kept is None:
+        weakref.finalize(exchanges, _BUILT.pop, id(exchanges), None)
+    built = _histories(every)
+    _BUILT[id(exchanges)] = (key, built)
+    return built
 
 
 # --- what is not trained, and the policy versions ---------------------------------------

@@ -133,6 +133,23 @@ def test_a_multi_turn_agent_loop_is_one_conversation_of_trained_choices() -> Non
     assert all(sequence.exact)
 
 
+def test_a_walk_parses_the_exchanges_once_and_sees_an_exchange_added() -> None:
+    trajectory = agent_loop()
+    twin = agent_loop()
+    checked = histories_of(trajectory)  # as check_trainable reads them
+    again = histories_of(trajectory)  # as the tokenizer reads them, in this process
+    assert [id(h) for h in again] == [id(h) for h in checked]  # built once
+    assert trajectory == twin  # what was built is kept outside the model
+    import pickle
+
+    copied = pickle.loads(pickle.dumps(trajectory))  # the child service's copy
+    assert [h.messages() for h in histories_of(copied)] == [h.messages() for h in checked]
+    trajectory.exchanges.add(chat([user("New")], [("Hey.", ours([7], [8]))], 2))
+    grown = histories_of(trajectory)
+    assert len(grown) == 2
+    assert grown[1].messages()[0] == user("New")
+
+
 def test_parallel_calls_second_choices_and_sub_agents_are_conversations_of_their_own() -> None:
     first = chat([user("Plan")], [("Two steps.", ours([1, 2], [3]))], 0)
     done = [user("Plan"), {"role": "assistant", "content": "Two steps."}]
