@@ -96,6 +96,7 @@ class ServiceProcess:
         self._restart_failure: str | None = None  # why the last restart failed
         self._noted: subprocess.Popen[bytes] | None = None  # the child whose death is noted
         self._restarting = False  # a new child is started and its models registered
+        self._died_starting = False  # the last new child died before it served
         self._start()
 
     def _start(self) -> None:
@@ -119,7 +120,8 @@ class ServiceProcess:
             if self._closed or process is not self._process:
                 return
             self._note_death()
-            self._restart()
+            if not self._died_starting:  # a child that dies as it starts: the next call retries
+                self._restart()
 
     def _note_death(self) -> None:
         """Count the child's death and keep its cause, once (the lock held)."""
@@ -140,11 +142,13 @@ class ServiceProcess:
                 self._send("register", record)
         except Exception as error:
             self._restart_failure = f"starting it again failed: {error}"
+            self._died_starting = self._process.poll() is not None
             logger.error("the model service process (pid %d) died and %s", old, error)
             return
         finally:
             self._restarting = False
         self._restart_failure = None
+        self._died_starting = False
         logger.warning(
             "the model service process (pid %d) died (%s); started a new one (pid %d) and "
             "registered its %d model(s) again from their latest checkpoints",
