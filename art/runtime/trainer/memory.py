@@ -330,9 +330,7 @@ def release_free_memory() -> None:
     """Give the heap's free pages back to the system (glibc's `malloc_trim`), once the
     objects that held them are gone: after a model is unloaded, say."""
     gc.collect()  # models hold reference cycles (modules and their hooks)
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    return_free_heap()
 
 
 def return_free_heap() -> None:

@@ -109,7 +109,7 @@ class TransformersEngine:
         self._wanted = False  # something happened that the running job may not have seen
         self._waited_steps = 0  # decode steps the oldest waiting request has waited
         self._active_rows = 0
-        self._batch_kv_bytes = 0  # the running batch's cache, as of the last decode step
+        self._batch_cache: Any = None  # the running batch's cache, as of the last decode step
 
     @property
     def samples_merged(self) -> bool:
@@ -146,8 +146,10 @@ class TransformersEngine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """The running batch's cache, as of the last decode step."""
-        return self._batch_kv_bytes
+        """The running batch's cache, as of the last decode step (summed when asked:
+        never on the decode path)."""
+        cache = self._batch_cache
+        return 0 if cache is None else cache_bytes(cache)
 
     @property
     def prefix_cache_bytes(self) -> int:
@@ -317,14 +319,14 @@ class TransformersEngine:
                         break
                     batch = self._decoder.step(batch)
                     self._active_rows = len(batch.rows)
-                    self._batch_kv_bytes = cache_bytes(batch.cache)
+                    self._batch_cache = batch.cache
         except BaseException as error:  # delivered to the waiting callers, never lost
             if not admitted:  # selecting the adapter failed: never retry it forever
                 self._fail_waiting(adapter, error)
             for request in admitted:
                 request.fail(error)
         finally:
-            self._active_rows = self._batch_kv_bytes = 0
+            self._active_rows, self._batch_cache = 0, None
 
     def _fail_waiting(self, adapter: str | None, error: BaseException) -> None:
         """Fail every held request for `adapter`: none of them can run."""
