@@ -17,7 +17,7 @@ import io
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
@@ -46,6 +46,7 @@ from .memory import (
 )
 from .memory import budget as memory_budget
 from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
+from .token_losses import TokenDatum, check_datum, token_loss
 from .tokenize import TrainingSequence, tokenize_trajectory, truncate
 
 if TYPE_CHECKING:
@@ -522,6 +523,137 @@ class PeftTrainer:
                 "checkpointed_micro_batches": float(sum(b.checkpointed for b in plan.batches)),
             }
         )
+
+    def forward_backward(
+        self,
+        datums: list[TokenDatum],
+        loss_fn: str,
+        loss_config: Mapping[str, float],
+        *,
+        backward: bool,
+    ) -> tuple[list[dict[str, list[float]]], dict[str, float]]:
+        """Tinker's `forward` / `forward_backward`: each datum's target logprobs and loss
+        (`token_losses`); with `backward`, the loss's gradients are added to the adapter's
+        until `optim_step`. Dropout is off, so a state scores the same each time.
+
+        Returns each datum's outputs (`logprobs`, `elementwise_loss`) and `loss:sum`.
+        """
+        for index, datum in enumerate(datums):
+            check_datum(datum, loss_fn, index)
+            if len(datum.input_ids) > self.init_args.max_seq_length:
+                raise ConfigError(
+                    f"forward_backward_input.data[{index}].model_input",
+                    f"{len(datum.input_ids)} tokens exceed InitArgs.max_seq_length="
+                    f"{self.init_args.max_seq_length}",
+                    "Give shorter sequences, or register the model with a longer max_seq_length",
+                )
+        self.model.set_adapter(self.adapter)
+        self.model.eval()
+        outputs: list[dict[str, list[float]]] = []
+        total = 0.0
+        # One datum at a time: memory bounded by the longest, gradients summed in place.
+        with torch.set_grad_enabled(backward):
+            for datum in datums:
+                ids = torch.tensor([datum.input_ids], device=self.device)
+                inputs = {
+                    key: torch.tensor(values, device=self.device, dtype=torch.float32)
+                    for key, values in datum.inputs.items()
+                }
+                targets = inputs.pop("target_tokens").long()
+                with torch.autocast(
+                    self.device.type,
+                    dtype=self._autocast_dtype or torch.bfloat16,
+                    enabled=self._autocast_dtype is not None,
+                ):
+                    hidden = self._decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+                    logprobs, _ = sampled_logprobs(
+                        hidden, targets, self._head, self._memory.head_rows
+                    )
+                elementwise = token_loss(loss_fn, logprobs, inputs, loss_config)
+                loss = elementwise.sum()
+                if backward:
+                    loss.backward()  # type: ignore[no-untyped-call]
+                total += float(loss.detach())
+                outputs.append(
+                    {
+                        "logprobs": logprobs.detach().tolist(),
+                        "elementwise_loss": elementwise.detach().tolist(),
+                    }
+                )
+        return outputs, {"loss:sum": total}
+
+    def optim_step(
+        self,
+        learning_rate: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        grad_clip_norm: float,
+    ) -> dict[str, float]:
+        """Tinker's `optim_step`: one AdamW step (decoupled weight decay) on the gradients
+        `forward_backward` summed, clipped to `grad_clip_norm` (0: not clipped); they are
+        then cleared. A non-finite gradient norm raises `TrainingError`, the adapter left
+        unchanged."""
+        try:
+            norm = float(
+                torch.nn.utils.clip_grad_norm_(
+                    self.parameters, grad_clip_norm if grad_clip_norm > 0 else math.inf
+                )
+            )
+            if not math.isfinite(norm):
+                raise TrainingError(
+                    f"the gradient norm is {norm}; the adapter was left unchanged. Check the "
+                    "advantages, weights and sampler logprobs of the last forward_backward"
+                )
+            for group in self.optimizer.param_groups:
+                group.update(
+                    lr=learning_rate, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay
+                )
+            self.optimizer.step()
+            self.steps += 1
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "learning_rate": learning_rate}
+
+    def prompt_logprobs(self, token_ids: list[int], directory: Path | None) -> list[float]:
+        """The logprob of each token after the first under the adapter saved in
+        `directory` (None: the base model), loaded beside ours for the call (Tinker's
+        `compute_logprobs` of a sampling client)."""
+        self.model.eval()
+        ids = torch.tensor([token_ids], device=self.device)
+        name = f"{self.adapter}_scored"
+        if directory is not None:
+            self.model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
+        try:
+            with (
+                torch.no_grad(),
+                self.model.disable_adapter() if directory is None else contextlib.nullcontext(),
+                torch.autocast(
+                    self.device.type,
+                    dtype=self._autocast_dtype or torch.bfloat16,
+                    enabled=self._autocast_dtype is not None,
+                ),
+            ):
+                if directory is not None:
+                    self.model.set_adapter(name)
+                hidden = self._decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+                logprobs, _ = sampled_logprobs(
+                    hidden[:-1], ids[0, 1:], self._head, self._memory.head_rows
+                )
+            return [float(value) for value in logprobs.tolist()]
+        finally:
+            self.model.set_adapter(self.adapter)
+            if directory is not None:
+                self.model.delete_adapter(name)
+
+    def load(self, directory: Path, *, with_optimizer: bool) -> None:
+        """Set the adapter to the checkpoint in `directory`, and the optimizer to its state
+        (`with_optimizer`; else a fresh one); pending gradients are dropped."""
+        load_adapter_weights(self.model, self.adapter, directory)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not (with_optimizer and self.load_optimizer(directory)):
+            self.optimizer.state.clear()
 
     def _sum_over_workers(self, sums: dict[str, float]) -> None:
         """Sum the gradients (before clipping) and the step's metric sums over the workers."""
