@@ -8,7 +8,8 @@ SHA-256 digests (`<path>/.art-serve/keys.json`), so a restart keeps them and the
 never holds a usable key.
 
 Every route but `GET /health` needs `Authorization: Bearer <key>`: `/openapi.json` and
-`/docs` included. The request's key is put in a context variable, which the route
+`/docs` included. Tinker's API (`tinker/routes.py`) takes the key as the `tinker` SDK sends
+it, `X-API-Key: tml-<key>`. The request's key is put in a context variable, which the route
 handlers and the OpenAI router read (`current()`).
 """
 
@@ -187,6 +188,12 @@ class RequireKey:
 
     def _authenticate(self, scope: Scope) -> Principal | None:
         headers = dict(scope.get("headers") or [])
+        if b"authorization" not in headers and b"x-api-key" in headers:
+            # The tinker SDK's way: `X-API-Key: tml-<key>` (it refuses keys without the prefix).
+            tinker_key = headers[b"x-api-key"].decode("latin-1").strip()
+            if not tinker_key.startswith("tml-") or len(tinker_key) == 4:
+                return None
+            return self.keys.principal(tinker_key.removeprefix("tml-"))
         scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             return None

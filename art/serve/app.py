@@ -64,6 +64,7 @@ from .schemas import (
 )
 from .sft_uploads import DEFAULT_QUOTA_BYTES
 from .state import ArtServer, describe, parse_groups, valid_names
+from .tinker.routes import add_tinker_routes
 
 logger = logging.getLogger("art.serve")
 
@@ -93,6 +94,7 @@ def build_server_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RequireKey, keys=keys)  # outermost: no body is read without a key
     add_error_handlers(app)
+    add_tinker_routes(app, server)
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

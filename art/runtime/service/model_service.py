@@ -53,6 +53,8 @@ from ..engines.base import Engine, EngineSpec
 from ..engines.config_support import is_cpu_dedicated
 from ..engines.start import require_engine, start_engine
 from ..torch_thread import shared as torch_thread
+from ..trainer.token_losses import TokenDatum
+from . import token_training
 from .checkpoints import CheckpointCache
 from .placement import Placement, Trainer, TrainerSpec
 from .registry import LoadedBase, TrainedModel, adapter_name, on_training_model, run_name_of
@@ -525,6 +527,67 @@ class ModelService:
             self._torch,
         )
 
+    # --- Tinker's calls (`art serve`'s Tinker API; `token_training.py`) ---------------------
+
+    def forward_backward(
+        self,
+        project: str,
+        name: str,
+        datums: list[TokenDatum],
+        loss_fn: str,
+        loss_config: dict[str, float | str] | None,
+        *,
+        backward: bool,
+    ) -> tuple[list[dict[str, list[float]]], dict[str, float]]:
+        """Each datum's target logprobs and loss; with `backward`, gradients added."""
+        return token_training.forward_backward(
+            self._registered(project, name),
+            datums,
+            loss_fn,
+            loss_config,
+            backward=backward,
+            torch_thread=self._torch,
+        )
+
+    def optim_step(self, project: str, name: str, adam: dict[str, float]) -> dict[str, float]:
+        """One AdamW step on the gradients summed since the last (Tinker's AdamParams)."""
+        return token_training.optim_step(self._registered(project, name), adam, self._torch)
+
+    def save_state(self, project: str, name: str) -> int:
+        """The adapter and optimizer saved as the next checkpoint and served; its step."""
+        return token_training.save_checkpoint(self._registered(project, name), self._torch)
+
+    def load_state(self, project: str, name: str, directory: Path, *, with_optimizer: bool) -> None:
+        """The adapter (and optimizer) set to the checkpoint in `directory` (one of this
+        model's, or of another model of the same base and rank)."""
+        token_training.load_checkpoint(
+            self._registered(project, name),
+            directory,
+            with_optimizer=with_optimizer,
+            torch_thread=self._torch,
+        )
+
+    def prompt_logprobs(
+        self, project: str, name: str, step: int | None, token_ids: list[int]
+    ) -> list[float]:
+        """Each token's logprob after the first under checkpoint `step` (None: the base)."""
+        return token_training.prompt_logprobs(
+            self._registered(project, name), step, token_ids, self._torch
+        )
+
+    def stop_token_ids(self, project: str, name: str) -> set[int]:
+        """The tokens the engine ends a sequence on for the model."""
+        base = self._registered(project, name).base
+        return _stop_token_ids(base.model, base.tokenizer)
+
+    def tokenizer_source(self, project: str, name: str) -> str:
+        """Where the model's tokenizer loads from: its base model's name, or the local
+        directory of the embedded default model (which the Hub does not hold offline)."""
+        trained = self._registered(project, name)
+        if trained.base_model == models.DEFAULT_MODEL:
+            return str(models.default_model_dir())
+        return trained.base_model
+
     def _registered(self, project: str, name: str) -> TrainedModel:
         trained = self._models.get(f"{project}/{name}")
         if trained is None:
@@ -553,8 +616,10 @@ class ModelService:
         step = parse_step(step_text)
         if base.engine.serves_training_weights:
             current = trained.store.step()
-            if not step_text or step == current:
+            if (not step_text or step == current) and not trained.unsaved:
                 return self._route(base, trained.adapter, current)
+            if not step_text:
+                step_text, step = "latest", current
         elif not step_text:  # an engine with its own weights serves the latest published one
             latest = trained.published if trained.published is not None else trained.store.step()
             step_text, step = "latest", latest

@@ -59,6 +59,9 @@ class TrainedModel:
     trained_step: int  # the checkpoint step its adapter holds now
     published: int | None = None  # the newest step loaded into an engine with its own weights
     writer_lock: WriterLock | None = None  # held from its first step here until unloaded
+    # The adapter changed since its latest checkpoint (Tinker's optim_step and load_state
+    # change it without saving): the latest step is then served from its files.
+    unsaved: bool = False
 
     def save(self, directory: Path) -> None:
         """Write the adapter and optimizer state, naming the base as the user did."""

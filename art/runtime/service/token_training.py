@@ -86,7 +86,9 @@ def optim_step(
 ) -> dict[str, float]:
     """One optimizer step on the summed gradients (`adam`: Tinker's AdamParams)."""
     trainer = token_trainer(trained)
-    return on_training_model(trained.base, lambda: trainer.optim_step(**adam), torch_thread)
+    metrics = on_training_model(trained.base, lambda: trainer.optim_step(**adam), torch_thread)
+    trained.unsaved = True
+    return metrics
 
 
 def save_checkpoint(trained: TrainedModel, torch_thread: TorchThread) -> int:
@@ -101,23 +103,25 @@ def save_checkpoint(trained: TrainedModel, torch_thread: TorchThread) -> int:
 
     step = on_training_model(trained.base, save, torch_thread)
     trained.trained_step = step
+    trained.unsaved = False
     publish(trained, step)
     return step
 
 
 def load_checkpoint(
-    trained: TrainedModel, step: int, *, with_optimizer: bool, torch_thread: TorchThread
+    trained: TrainedModel, directory: Path, *, with_optimizer: bool, torch_thread: TorchThread
 ) -> None:
-    """Set the adapter (and, `with_optimizer`, the optimizer) to checkpoint `step`."""
+    """Set the adapter (and, `with_optimizer`, the optimizer) to the checkpoint in
+    `directory`."""
     trainer = token_trainer(trained)
-    directory = trained.store.checkpoint_dir(step)
     if not directory.is_dir():
-        raise ConfigError("path", f"checkpoint {step} does not exist", "Name a saved state")
+        raise ConfigError("path", "that checkpoint's files are gone", "Name a saved state")
     on_training_model(
         trained.base,
         lambda: trainer.load(directory, with_optimizer=with_optimizer),
         torch_thread,
     )
+    trained.unsaved = True
 
 
 def prompt_logprobs(
