@@ -95,9 +95,7 @@ def test_a_group_trains_the_rewarded_sample_up_and_a_saved_state_replays_exactly
 
 
 def group_then_replay(server: Server, service: Any) -> None:
-    training = service.create_lora_training_client(
-        base_model=BASE, rank=8, train_unembed=False
-    ).result()
+    training = service.create_lora_training_client(base_model=BASE, rank=8).result()
     tokenizer = training.get_tokenizer()
     text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)
@@ -129,6 +127,12 @@ def group_then_replay(server: Server, service: Any) -> None:
     after = completion_logprob(stepped, prompt, first)
     assert after > before + 0.1, (before, after)
     assert completion_logprob(sampler, prompt, first) == pytest.approx(before, abs=1e-5)
+    # The new weights' samples (the unembedding's adapter too) are scored as they were drawn.
+    drawn = stepped.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
+    rescored = stepped.compute_logprobs(
+        types.ModelInput.from_ints(prompt + list(drawn.tokens))
+    ).result()
+    assert rescored[len(prompt) :] == pytest.approx(list(drawn.logprobs), abs=2e-3)
 
     # save_state, a step, then load_state: the same step again gives the same loss.
     saved = training.save_state("after-one").result().path
@@ -203,8 +207,10 @@ def test_bad_requests_are_4xx_naming_the_field(server: Server, keys: dict[str, s
 
 
 def bad_requests(service: Any) -> None:
-    with pytest.raises(tinker.BadRequestError, match="train_unembed"):
-        service.create_lora_training_client(base_model=BASE, rank=4).result()
+    with pytest.raises(tinker.BadRequestError, match="optimizer_config"):
+        service.create_lora_training_client(
+            base_model=BASE, rank=4, optimizer=types.DimuonOptimizerConfig()
+        ).result()
     training = service.create_lora_training_client(
         base_model=BASE, rank=4, train_unembed=False
     ).result()

@@ -289,6 +289,17 @@ class ModelService:
             )
         resolved = models.resolve(record["base_model"])
         base = self._base_for(resolved, config)
+        tied = {"embed_tokens", "lm_head", "wte", "embed_in"} & set(config.peft_args.target_modules)
+        if tied and base.engine is not None and base.engine.samples_merged:
+            # The engine samples from one plain copy with the adapter merged in, where the
+            # LM head and the embeddings may be one tied tensor.
+            raise ConfigError(
+                "peft_args.target_modules",
+                f"{', '.join(sorted(tied))} cannot be adapted on {resolved.name}: its engine "
+                "samples from a merged copy (started for a model registered before)",
+                "Adapt other modules (Tinker: train_unembed=False), or serve this base with "
+                "engine_args.merge_lora=False from its first model",
+            )
         store = ModelStore(self.path, record["project"], run_name_of(record))
         start_from = (
             store.checkpoint_dir(store.step()) if store.checkpoint_steps() else resolved.adapter_dir

@@ -683,17 +683,15 @@ class PeftTrainer:
         """
         directory.mkdir(parents=True, exist_ok=True)
         config = self.model.peft_config[self.adapter]
-        # PEFT's "auto" asks the Hub whether the vocabulary was resized (warning offline);
-        # we never resize it, so embeddings are saved only when the adapter targets them.
-        targets = getattr(config, "target_modules", None) or ()
-        embeddings = any(name in ("embed_tokens", "lm_head") for name in targets)
+        # Our own parameters, not the state of every adapter on the base. Never the base's
+        # embeddings (PEFT's "auto" saves them for a LoRA on the LM head, and asks the Hub
+        # whether the vocabulary was resized): we never resize it, and they would be the
+        # base's weights again, 113 MB per checkpoint of the default model.
         weights = get_peft_model_state_dict(
             self.model,
-            # Our own parameters, not the state of every adapter on the base; saved
-            # embeddings are base weights, so only then is the whole state read.
-            state_dict=None if embeddings else self._named_parameters,
+            state_dict=self._named_parameters,
             adapter_name=self.adapter,
-            save_embedding_layers=embeddings,
+            save_embedding_layers=False,
         )
         # Written through our own file objects, so a full disk raises OSError (which
         # `replace_dir_atomic` explains): given a path, safetensors raises its own error

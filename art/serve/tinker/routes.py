@@ -25,6 +25,7 @@ import logging
 import math
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -178,7 +179,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         done, _ = await asyncio.wait([pending.future], timeout=_POLL_SECONDS)
         if not done:
             return _json({"type": "try_again", "request_id": request_id, "queue_state": "active"})
-        return _result(pending)
+        return _result(pending, server.path)
 
     # --- training --------------------------------------------------------------------------
 
@@ -202,13 +203,10 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 f"lora_config.{key}",
                 "this key",
             )
-        refuse_unless(
-            not lora.get("train_unembed", False),
-            "lora_config.train_unembed",
-            "training the unembedding (pass train_unembed=False)",
-        )
-        targets = (_ATTENTION if lora.get("train_attn", True) else ()) + (
-            _MLP if lora.get("train_mlp", True) else ()
+        targets = (
+            (_ATTENTION if lora.get("train_attn", True) else ())
+            + (_MLP if lora.get("train_mlp", True) else ())
+            + (("lm_head",) if lora.get("train_unembed", True) else ())
         )
         refuse_unless(bool(targets), "lora_config", "an adapter on no layer")
         rank = lora.get("rank", 32)
@@ -219,7 +217,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="lora_config.rank",
             )
         run_id = f"{session.id}:train:{seq}"
-        run = Run(run_id, session.project, art_name(run_id), base_model, rank)
+        run = Run(run_id, session.project, art_name(run_id), base_model, rank, targets)
         trainer_args = dev.TrainerArgs(**({"seed": lora["seed"]} if "seed" in lora else {}))
         config = dev.InternalModelConfig(
             peft_args=dev.PeftArgs(r=rank, target_modules=targets), trainer_args=trainer_args
@@ -416,9 +414,18 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="base_model",
             )
         run_id = f"{session.id}:train:{seq}"
-        run = Run(run_id, session.project, art_name(run_id), source.base_model, source.rank)
+        run = Run(
+            run_id,
+            session.project,
+            art_name(run_id),
+            source.base_model,
+            source.rank,
+            source.targets,
+        )
         session.model_seq = max(session.model_seq, seq + 1)
-        config = dev.InternalModelConfig(peft_args=dev.PeftArgs(r=source.rank))
+        config = dev.InternalModelConfig(
+            peft_args=dev.PeftArgs(r=source.rank, target_modules=source.targets)
+        )
 
         async def create() -> dict[str, Any]:
             await asyncio.to_thread(_register, server, run, config)
@@ -633,9 +640,11 @@ def _load_into(server: ArtServer, run: Run, source: Run, step: int, with_optimiz
     another run of the same base and rank)."""
     if source.base_model != run.base_model:
         raise ApiError(400, f"path: that state was trained on {source.base_model!r}", param="path")
-    if source.rank != run.rank:
+    if (source.rank, source.targets) != (run.rank, run.targets):
         raise ApiError(
-            400, f"path: that state has LoRA rank {source.rank}, not {run.rank}", param="path"
+            400,
+            f"path: that state's LoRA (rank {source.rank} on {', '.join(source.targets)}) is not this run's (rank {run.rank} on {', '.join(run.targets)})",
+            param="path",
         )
     directory = ModelStore(server.path, source.project, source.name).checkpoint_dir(step)
     server.service.load_state(run.project, run.name, directory, with_optimizer=with_optimizer)
@@ -794,7 +803,9 @@ def _json(data: dict[str, Any]) -> Response:
     return Response(json.dumps(data), media_type="application/json")
 
 
-def _result(pending: Pending) -> Response:
+def _result(pending: Pending, root: str) -> Response:
+    """The finished call's answer; a failure as Tinker's RequestFailedResponse, its
+    message without the server's own paths (a tenant learns nothing of its files)."""
     error = pending.future.exception()
     if error is None:
         result = pending.future.result()
@@ -808,6 +819,7 @@ def _result(pending: Pending) -> Response:
     else:
         logger.error("tinker request failed", exc_info=error)
         message, category = f"{type(error).__name__}: {error}", "server"
+    message = message.replace(str(Path(root).resolve()), "<art serve>").replace(root, "<art serve>")
     return _json({"error": message, "category": category})
 
 

@@ -57,6 +57,7 @@ class Run:
     name: str
     base_model: str
     rank: int
+    targets: tuple[str, ...]  # the LoRA's modules (Tinker's train_attn, train_mlp, train_unembed)
 
     def path(self, kind: str, name: str) -> str:
         return f"tinker://{self.id}/{kind}/{name}"
@@ -114,7 +115,7 @@ class TinkerRuns:
         self._chains: dict[str, asyncio.Future[Any]] = {}  # run id -> its last call
         if self._file.exists():
             for record in json.loads(self._file.read_text(encoding="utf-8")):
-                self._runs[record["id"]] = Run(**record)
+                self._runs[record["id"]] = Run(**{**record, "targets": tuple(record["targets"])})
 
     # --- sessions --------------------------------------------------------------------------
 
