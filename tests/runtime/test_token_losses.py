@@ -101,7 +101,7 @@ def test_each_loss_matches_the_reference_in_value_logprobs_and_gradients(
 ) -> None:
     trainer = tiny_trainer()
     resolved = check_loss(loss, config)
-    data = [datum(loss, seed) for seed in range(3)]
+    data = [datum(loss, seed, length=6 + 4 * seed) for seed in range(3)]  # padded together
     want_logprobs, want_loss, want_grads = reference(trainer, data, loss, resolved)
     outputs, metrics = trainer.forward_backward(data, loss, resolved, backward=True)
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import runpy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +26,7 @@ from tinker import types  # noqa: E402
 pytestmark = pytest.mark.model  # starts art serve with the default model
 
 PROMPT = [{"role": "user", "content": "Name a colour."}]
+SNIPPET = Path(__file__).resolve().parents[2] / "docs" / "snippets" / "tinker_rl_loop.py"
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +297,18 @@ def test_a_project_key_cannot_reach_another_projects_runs(
         headers={"Authorization": f"Bearer {keys['b'].removeprefix('tml-')}"},
     )
     assert answer.status_code == 403
+
+
+def test_the_guides_loop_trains_two_steps(server: Server, keys: dict[str, str]) -> None:
+    """docs/guides/tinker.md's loop, run where a user would run it."""
+    loop = runpy.run_path(str(SNIPPET), run_name="docs_snippet")
+    rewards = loop["main"](server.root, keys["admin"], steps=2, group_size=4)
+    assert len(rewards) == 2
+    assert all(math.isfinite(r) for r in rewards)
+    listed = rest(server, keys["admin"]).list_training_runs().result().training_runs
+    final = [
+        r
+        for r in listed
+        if r.last_checkpoint and r.last_checkpoint.checkpoint_id == "weights/final"
+    ]
+    assert final, [r.last_checkpoint for r in listed]

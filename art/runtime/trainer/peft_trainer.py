@@ -534,7 +534,8 @@ class PeftTrainer:
     ) -> tuple[list[dict[str, list[float]]], dict[str, float]]:
         """Tinker's `forward` / `forward_backward`: each datum's target logprobs and loss
         (`token_losses`); with `backward`, the loss's gradients are added to the adapter's
-        until `optim_step`. Dropout is off, so a state scores the same each time.
+        until `optim_step`. Dropout is off, so a state scores the same each time. Datums
+        are right-padded into batches of a bounded number of tokens.
 
         Returns each datum's outputs (`logprobs`, `elementwise_loss`) and `loss:sum`.
         """
@@ -551,35 +552,49 @@ class PeftTrainer:
         self.model.eval()
         outputs: list[dict[str, list[float]]] = []
         total = 0.0
-        # One datum at a time: memory bounded by the longest, gradients summed in place.
         with torch.set_grad_enabled(backward):
-            for datum in datums:
-                ids = torch.tensor([datum.input_ids], device=self.device)
-                inputs = {
-                    key: torch.tensor(values, device=self.device, dtype=torch.float32)
-                    for key, values in datum.inputs.items()
-                }
-                targets = inputs.pop("target_tokens").long()
+            for batch in _padded_batches(datums, max(self.init_args.max_seq_length, 4096)):
+                longest = max(len(datum.input_ids) for datum in batch)
+                ids = torch.zeros(len(batch), longest, dtype=torch.long, device=self.device)
+                mask = torch.zeros(len(batch), longest, dtype=torch.long, device=self.device)
+                for row, datum in enumerate(batch):
+                    ids[row, : len(datum.input_ids)] = torch.tensor(datum.input_ids)
+                    mask[row, : len(datum.input_ids)] = 1
                 with torch.autocast(
                     self.device.type,
                     dtype=self._autocast_dtype or torch.bfloat16,
                     enabled=self._autocast_dtype is not None,
                 ):
-                    hidden = self._decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
-                    logprobs, _ = sampled_logprobs(
-                        hidden, targets, self._head, self._memory.head_rows
+                    hidden = self._decoder(
+                        input_ids=ids, attention_mask=mask, use_cache=False
+                    ).last_hidden_state
+                    real = mask.bool()  # right-padded: each row's tokens come first
+                    targets = torch.tensor(
+                        [t for d in batch for t in d.inputs["target_tokens"]], device=self.device
+                    ).long()
+                    flat, _ = sampled_logprobs(
+                        hidden[real], targets, self._head, self._memory.head_rows
                     )
-                elementwise = token_loss(loss_fn, logprobs, inputs, loss_config)
-                loss = elementwise.sum()
+                loss = flat.new_zeros(())
+                for datum, logprobs in zip(
+                    batch, torch.split(flat, [len(d.input_ids) for d in batch]), strict=True
+                ):
+                    inputs = {
+                        key: torch.tensor(values, device=self.device, dtype=torch.float32)
+                        for key, values in datum.inputs.items()
+                        if key != "target_tokens"
+                    }
+                    elementwise = token_loss(loss_fn, logprobs, inputs, loss_config)
+                    loss = loss + elementwise.sum()
+                    outputs.append(
+                        {
+                            "logprobs": logprobs.detach().tolist(),
+                            "elementwise_loss": elementwise.detach().tolist(),
+                        }
+                    )
                 if backward:
                     loss.backward()  # type: ignore[no-untyped-call]
                 total += float(loss.detach())
-                outputs.append(
-                    {
-                        "logprobs": logprobs.detach().tolist(),
-                        "elementwise_loss": elementwise.detach().tolist(),
-                    }
-                )
         return outputs, {"loss:sum": total}
 
     def optim_step(
@@ -972,6 +987,22 @@ class PeftTrainer:
             # Enabling hooked the input embeddings to require grad, which disabling does not
             # undo for a PEFT-wrapped model; inference needs no grad.
             self._causal_lm.disable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+def _padded_batches(datums: list[TokenDatum], tokens: int) -> Iterator[list[TokenDatum]]:
+    """Consecutive datums in batches whose padded size (rows x longest) stays within
+    `tokens`, so a call's memory is bounded whatever its number of datums."""
+    batch: list[TokenDatum] = []
+    longest = 0
+    for datum in datums:
+        length = len(datum.input_ids)
+        if batch and (len(batch) + 1) * max(longest, length) > tokens:
+            yield batch
+            batch, longest = [], 0
+        batch.append(datum)
+        longest = max(longest, length)
+    if batch:
+        yield batch
 
 
 def _prefix_sharing_limit(model: PreTrainedModel) -> int | None:
