@@ -302,7 +302,7 @@ def test_a_project_key_cannot_reach_another_projects_runs(
 def test_the_guides_loop_trains_two_steps(server: Server, keys: dict[str, str]) -> None:
     """docs/guides/tinker.md's loop, run where a user would run it."""
     loop = runpy.run_path(str(SNIPPET), run_name="docs_snippet")
-    rewards = loop["main"](server.root, keys["admin"], steps=2, group_size=4)
+    rewards = loop["main"](server.root, keys["admin"], steps=2, group_size=2)
     assert len(rewards) == 2
     assert all(math.isfinite(r) for r in rewards)
     listed = rest(server, keys["admin"]).list_training_runs().result().training_runs
