@@ -312,3 +312,35 @@ def test_the_guides_loop_trains_two_steps(server: Server, keys: dict[str, str]) 
         if r.last_checkpoint and r.last_checkpoint.checkpoint_id == "weights/final"
     ]
     assert final, [r.last_checkpoint for r in listed]
+
+
+def test_saved_weights_outlive_a_restart_of_the_server(tmp_path: Path) -> None:
+    """A run's `tinker://` paths, its listing and its weights are on disk: after a restart
+    a new session samples and trains from them."""
+    first = Server(tmp_path / ".art")
+    try:
+        with client(first, f"tml-{KEY}") as service:
+            training = service.create_lora_training_client(base_model=BASE, rank=4).result()
+            path = training.save_weights_for_sampler("kept").result().path
+            state = training.save_state("kept").result().path
+            run_id = training.model_id
+    finally:
+        first.stop()
+    second = Server(tmp_path / ".art")
+    try:
+        listed = rest(second, f"tml-{KEY}").list_checkpoints(run_id).result().checkpoints
+        assert {c.tinker_path for c in listed} == {path, state}
+        with client(second, f"tml-{KEY}") as service:
+            sampler = service.create_sampling_client(model_path=path).result()
+            sequences = (
+                sampler.sample(
+                    types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=3)
+                )
+                .result()
+                .sequences
+            )
+            assert len(sequences[0].tokens) > 0
+            resumed = service.create_training_client_from_state_with_optimizer(state).result()
+            assert resumed.get_info().model_data.model_name == BASE
+    finally:
+        second.stop()

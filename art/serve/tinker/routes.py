@@ -82,6 +82,13 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         if not condition:
             raise ApiError(400, f"{name}: {why} is not served by art serve", param=name)
 
+    async def ready(run: Run) -> Run:
+        """`run`, its model loaded: a server restarted since the run was made loads it now."""
+        if not service.is_loaded(run.project, run.name):
+            store = ModelStore(server.path, run.project, run.name)
+            await asyncio.to_thread(server.ensure_loaded, store)
+        return run
+
     def submit(
         work: Any, *, proto: bool = False, after: str | None = None, **extra: Any
     ) -> dict[str, Any]:
@@ -236,7 +243,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.post("/api/v1/get_info", include_in_schema=False)
     async def get_info(request: Request) -> dict[str, Any]:
         data = await body(request)
-        run = runs.run(field_of(data, "model_id", str), current())
+        run = await ready(runs.run(field_of(data, "model_id", str), current()))
         tokenizer = await asyncio.to_thread(service.tokenizer_source, run.project, run.name)
         return {
             "type": "get_info",
@@ -250,7 +257,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.post("/api/v1/forward_backward", include_in_schema=False)
     async def forward_backward(request: Request) -> dict[str, Any]:
         parsed = read_forward_backward(await request.body())
-        run = runs.run(parsed.model_id, current())
+        run = await ready(runs.run(parsed.model_id, current()))
         datums = []
         for index, item in enumerate(parsed.data):
             for key, tensor in item.inputs.items():
@@ -285,7 +292,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.post("/api/v1/optim_step", include_in_schema=False)
     async def optim_step(request: Request) -> dict[str, Any]:
         data = await body(request)
-        run = runs.run(field_of(data, "model_id", str), current())
+        run = await ready(runs.run(field_of(data, "model_id", str), current()))
         refuse_unless(
             "optimizer_params" not in data, "optimizer_params", "an optimizer other than Adam"
         )
@@ -339,7 +346,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.post("/api/v1/save_weights", include_in_schema=False)
     async def save_weights(request: Request) -> dict[str, Any]:
         data = await body(request)
-        run = runs.run(field_of(data, "model_id", str), current())
+        run = await ready(runs.run(field_of(data, "model_id", str), current()))
         refuse_extras(data)
         name = checkpoint_name(data)
         if name is None:
@@ -359,7 +366,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
         data = await body(request)
         principal = current()
-        run = runs.run(field_of(data, "model_id", str), principal)
+        run = await ready(runs.run(field_of(data, "model_id", str), principal))
         refuse_extras(data)
         refuse_unless(
             field_of(data, "kind", str, "snapshot") == "snapshot", "kind", "'inflight' weights"
@@ -396,7 +403,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         source, step = runs.step_of(field_of(data, "path", str), principal)
         with_optimizer = field_of(data, "optimizer", bool, False)
         if "model_id" in data:  # load into an existing training client
-            run = runs.run(field_of(data, "model_id", str), principal)
+            run = await ready(runs.run(field_of(data, "model_id", str), principal))
 
             async def load() -> dict[str, Any]:
                 await asyncio.to_thread(_load_into, server, run, source, step, with_optimizer)
@@ -452,6 +459,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="model_path",
             )
         run, step = runs.step_of(path, principal, "model_path")
+        await ready(run)
         sampler = _new_sampler(runs, session, run, step, path)
         return {"type": "create_sampling_session", "sampling_session_id": sampler.id}
 
@@ -468,8 +476,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     async def asample(request: Request) -> dict[str, Any]:
         data = await body(request)
         sampler = _sampler(runs, field_of(data, "sampling_session_id", str), current())
-        assert sampler.run is not None
-        run = sampler.run
+        run = await ready(sampler.run)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             refuse_unless(not data.get(key), key, "top-k logprobs and alternatives")
         for key in ("target_prompt_logprobs", "prompt_logprobs_last_n", "base_model", "model_path"):

@@ -65,13 +65,13 @@ class Run:
 
 @dataclass(frozen=True)
 class Sampler:
-    """A sampling session: a run's checkpoint, or a base model (run None)."""
+    """A sampling session: a run's checkpoint."""
 
     id: str
     project: str
     base_model: str
-    run: Run | None
-    step: int | None
+    run: Run
+    step: int
     model_path: str | None
 
 
