@@ -180,6 +180,7 @@ def test_custom_loss_and_cross_entropy_through_the_sdk(
 ) -> None:
     with client(server, keys["admin"]) as service:
         custom_loss(service)
+        metadata_and_resubmits(server, service)
 
 
 def custom_loss(service: Any) -> None:
@@ -201,6 +202,24 @@ def custom_loss(service: Any) -> None:
 
     custom = training.forward_backward_custom([datum], negative_mean).result()
     assert custom.metrics["loss:sum"] == pytest.approx(-sum(logprobs) / len(logprobs), rel=1e-4)
+
+
+def metadata_and_resubmits(server: Server, service: Any) -> None:
+    """user_metadata is kept with the run and its checkpoints; a call submitted twice with
+    one seq_id (a retry whose first try arrived) runs once."""
+    training = service.create_lora_training_client(
+        base_model=BASE, rank=4, train_unembed=False, user_metadata={"team": "a"}
+    ).result()
+    path = training.save_state("tagged", user_metadata={"why": "test"}).result().path
+    run = rest(server, f"tml-{KEY}").get_training_run(training.model_id).result()
+    assert run.user_metadata == {"team": "a"}
+    assert run.last_checkpoint.tinker_path == path
+    assert run.last_checkpoint.user_metadata == {"why": "test"}
+    body = {"model_id": training.model_id, "adam_params": {"learning_rate": 1e-4}, "seq_id": 99}
+    headers = {"X-API-Key": f"tml-{KEY}"}
+    first = httpx.post(f"{server.root}/api/v1/optim_step", json=body, headers=headers).json()
+    again = httpx.post(f"{server.root}/api/v1/optim_step", json=body, headers=headers).json()
+    assert first["request_id"] == again["request_id"]
 
 
 def test_bad_requests_are_4xx_naming_the_field(server: Server, keys: dict[str, str]) -> None:
@@ -253,6 +272,27 @@ def raw_bad_requests(server: Server, keys: dict[str, str]) -> None:
     )
     assert answer.status_code == 400, answer.text
     assert httpx.post(f"{server.root}/api/v1/create_session", json={}).status_code == 401
+    # A field the request does not have is named, not ignored.
+    answer = httpx.post(
+        f"{server.root}/api/v1/create_session", json={"tags": [], "colour": "red"}, headers=headers
+    )
+    assert answer.status_code == 400
+    assert "colour: not a field of a create_session request" in answer.text
+    session = httpx.post(
+        f"{server.root}/api/v1/create_session", json={"tags": []}, headers=headers
+    ).json()["session_id"]
+    answer = httpx.post(
+        f"{server.root}/api/v1/create_model",
+        json={
+            "session_id": session,
+            "model_seq_id": 0,
+            "base_model": BASE,
+            "lora_config": {"rank": 0},
+        },
+        headers=headers,
+    )
+    assert answer.status_code == 400
+    assert "lora_config.rank" in answer.text
     wrong = {"X-API-Key": "tml-not-a-key"}
     assert (
         httpx.post(f"{server.root}/api/v1/create_session", json={}, headers=wrong).status_code
@@ -320,7 +360,13 @@ def test_saved_weights_outlive_a_restart_of_the_server(tmp_path: Path) -> None:
     first = Server(tmp_path / ".art")
     try:
         with client(first, f"tml-{KEY}") as service:
-            training = service.create_lora_training_client(base_model=BASE, rank=4).result()
+            # The base's first model has no LoRA on the LM head, so its engine samples
+            # from a merged copy: a later one on the head (tied to the embeddings) is refused.
+            training = service.create_lora_training_client(
+                base_model=BASE, rank=4, train_unembed=False
+            ).result()
+            with pytest.raises(tinker.RequestFailedError, match="train_unembed=False"):
+                service.create_lora_training_client(base_model=BASE, rank=4).result()
             path = training.save_weights_for_sampler("kept").result().path
             state = training.save_state("kept").result().path
             run_id = training.model_id
@@ -344,3 +390,42 @@ def test_saved_weights_outlive_a_restart_of_the_server(tmp_path: Path) -> None:
             assert resumed.get_info().model_data.model_name == BASE
     finally:
         second.stop()
+
+
+async def test_the_async_api_then_a_finished_session_refuses_training(
+    server: Server, keys: dict[str, str]
+) -> None:
+    service = tinker.ServiceClient(base_url=server.root, api_key=keys["admin"])
+    training = await service.create_lora_training_client_async(
+        base_model=BASE, rank=4, train_unembed=False
+    )
+    tokens = list(range(30, 42))
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+    submitted = await training.forward_backward_async([datum], "cross_entropy")
+    assert math.isfinite((await submitted.result_async()).metrics["loss:sum"])
+    await (await training.optim_step_async(types.AdamParams(learning_rate=1e-3))).result_async()
+    sampler = await training.save_weights_and_get_sampling_client_async()
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    result = await sampler.sample_async(prompt, 2, types.SamplingParams(max_tokens=3))
+    assert len(result.sequences) == 2
+    scored = await sampler.compute_logprobs_async(prompt)
+    assert scored[0] is None
+    assert len(scored) == 3
+    session_id = training.model_id.partition(":")[0]
+    await service.close("success")
+
+    # Closed by its client: the session's runs take no more training calls.
+    async with httpx.AsyncClient(base_url=server.root, headers={"X-API-Key": keys["admin"]}) as raw:
+        for route, body in (
+            ("/api/v1/optim_step", {"model_id": training.model_id, "adam_params": {}}),
+            (
+                "/api/v1/create_model",
+                {"session_id": session_id, "model_seq_id": 9, "base_model": BASE},
+            ),
+        ):
+            answer = await raw.post(route, json=body)
+            assert answer.status_code == 400, answer.text
+            assert "finished (success)" in answer.text

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,32 @@ _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _CHECKPOINT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 PROTOBUF = "application/x-protobuf"
+# Each request's fields, as the `tinker` SDK 0.38.0 defines them (types/*_request.py);
+# `type` is the SDK's tag of the request. Each is honoured or refused where it is read.
+_FIELDS: dict[str, frozenset[str]] = {
+    kind: frozenset(names.split()) | {"type"}
+    for kind, names in {
+        "create_session": "tags user_metadata sdk_version project_id display_name",
+        "session_heartbeat": "session_id",
+        "finish": "reason detail",
+        "retrieve_future": "request_id allow_metadata_only",
+        "create_model": "session_id model_seq_id base_model user_metadata lora_config "
+        "optimizer_config",
+        "get_info": "model_id",
+        "optim_step": "adam_params optimizer_params optim_params model_id seq_id",
+        "save_weights": "model_id path seq_id ttl_seconds overwrite user_metadata",
+        "save_weights_for_sampler": "model_id path sampling_session_seq_id kind seq_id "
+        "ttl_seconds user_metadata",
+        "load_weights": "model_id seq_id session_id model_seq_id base_model user_metadata path "
+        "optimizer optimizer_config weights_access_token",
+        "create_sampling_session": "session_id sampling_session_seq_id base_model model_path",
+        "sample": "num_samples prompt sampling_params base_model model_path "
+        "sampling_session_id seq_id prompt_logprobs topk_prompt_logprobs "
+        "topk_sample_logprobs target_prompt_logprobs prompt_alt_tokens_k "
+        "prompt_logprobs_last_n record_stability_info",
+        "weights_info": "tinker_path",
+    }.items()
+}
 
 
 def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
@@ -57,13 +84,17 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     runs = TinkerRuns(server.path)
     service = server.service
 
-    async def body(request: Request) -> dict[str, Any]:
+    async def body(request: Request, kind: str) -> dict[str, Any]:
+        """The JSON object of a `kind` request; a field it does not have is a 400."""
         try:
             parsed = await request.json()
         except ValueError as error:
             raise ApiError(400, "body: not JSON", param="body") from error
         if not isinstance(parsed, dict):
             raise ApiError(400, "body: not a JSON object", param="body")
+        for name in parsed:
+            if name not in _FIELDS[kind]:
+                raise ApiError(400, f"{name}: not a field of a {kind} request", param=name)
         return parsed
 
     def field_of(
@@ -82,22 +113,30 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         if not condition:
             raise ApiError(400, f"{name}: {why} is not served by art serve", param=name)
 
-    async def ready(run: Run) -> Run:
-        """`run`, its model loaded: a server restarted since the run was made loads it now."""
+    async def ready(run: Run, *, training: bool = False) -> Run:
+        """`run`, its model loaded (a server restarted since the run was made loads it now);
+        `training`: refused once the session that trains it was finished."""
+        if training:
+            runs.refuse_finished_run(run)
         if not service.is_loaded(run.project, run.name):
             store = ModelStore(server.path, run.project, run.name)
             await asyncio.to_thread(server.ensure_loaded, store)
         return run
 
     def submit(
-        work: Any, *, proto: bool = False, after: str | None = None, **extra: Any
+        work: Callable[[], Awaitable[Any]],
+        *,
+        proto: bool = False,
+        after: str | None = None,
+        seq: tuple[str, Any] | None = None,
+        **extra: Any,
     ) -> dict[str, Any]:
-        principal = current()
-
-        async def run() -> Any:
-            return await work()
-
-        request_id = runs.submit(principal, run, proto=proto, after=after)
+        """Start `work` in the background; the SDK's future of it. `seq`: the client and
+        its `seq_id` (None where the request has none), so a resubmitted call runs once."""
+        key = None
+        if seq is not None and seq[1] is not None:
+            key = (seq[0], _whole(seq[1], "seq_id", minimum=0))
+        request_id = runs.submit(current(), work, proto=proto, after=after, seq=key)
         return {"request_id": request_id, **extra}
 
     # --- client start, sessions ------------------------------------------------------------
@@ -126,7 +165,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/create_session", include_in_schema=False)
     async def create_session(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "create_session")
         principal = current()
         project = field_of(data, "project_id", str, None) or _default_project(principal)
         if not re.fullmatch(NAME_PATTERN, project):
@@ -140,23 +179,44 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="project_id",
                 code="forbidden",
             )
-        metadata = field_of(data, "user_metadata", dict, {}) or {}
+        tags = field_of(data, "tags", list, []) or []
         session = runs.new_session(
-            principal, project, {str(k): str(v) for k, v in metadata.items()}
+            principal,
+            project,
+            _metadata(data),
+            field_of(data, "display_name", str, None),
         )
-        logger.info("tinker session %s started (project %s)", session.id, project)
+        logger.info(
+            "tinker session %s started (project %s, SDK %s, tags %s)",
+            session.id,
+            project,
+            field_of(data, "sdk_version", str, "unknown"),
+            ", ".join(str(tag) for tag in tags) or "none",
+        )
         return {"type": "create_session", "session_id": session.id}
 
     @app.post("/api/v1/session_heartbeat", include_in_schema=False)
     async def heartbeat(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "session_heartbeat")
         session = runs.session(field_of(data, "session_id", str), current())
         session.heartbeat = datetime.now(UTC).timestamp()
         return {"type": "session_heartbeat"}
 
     @app.post("/api/v1/sessions/{session_id}/finish", include_in_schema=False)
-    async def finish_session(session_id: str) -> dict[str, Any]:
-        runs.session(session_id, current())
+    async def finish_session(session_id: str, request: Request) -> dict[str, Any]:
+        session = runs.session(session_id, current())
+        data = await body(request, "finish")
+        reason = data.get("reason")
+        kind = reason.get("type") if isinstance(reason, dict) else None
+        if session.finished is None:  # the first reason stands, as the SDK documents
+            session.finished = kind if isinstance(kind, str) else "finished"
+            detail = field_of(data, "detail", str, None)
+            logger.info(
+                "tinker session %s finished: %s%s",
+                session.id,
+                session.finished,
+                f" ({detail})" if detail else "",
+            )
         return {}
 
     @app.get("/api/v1/sessions", include_in_schema=False)
@@ -174,13 +234,14 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             "training_run_ids": session.runs,
             "sampler_ids": session.samplers,
             "user_metadata": session.user_metadata,
+            "display_name": session.display_name,
         }
 
     # --- futures ---------------------------------------------------------------------------
 
     @app.post("/api/v1/retrieve_future", include_in_schema=False)
     async def retrieve_future(request: Request) -> Response:
-        data = await body(request)
+        data = await body(request, "retrieve_future")
         request_id = field_of(data, "request_id", str)
         pending = runs.pending(request_id, current())
         done, _ = await asyncio.wait([pending.future], timeout=_POLL_SECONDS)
@@ -192,9 +253,9 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/create_model", include_in_schema=False)
     async def create_model(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "create_model")
         principal = current()
-        session = runs.session(field_of(data, "session_id", str), principal)
+        session = runs.open_session(field_of(data, "session_id", str), principal)
         seq = field_of(data, "model_seq_id", int)
         base_model = field_of(data, "base_model", str)
         lora = field_of(data, "lora_config", dict, {}) or {}
@@ -216,16 +277,15 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             + (("lm_head",) if lora.get("train_unembed", True) else ())
         )
         refuse_unless(bool(targets), "lora_config", "an adapter on no layer")
-        rank = lora.get("rank", 32)
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ApiError(
-                400,
-                f"lora_config.rank: {rank!r} is not a positive integer",
-                param="lora_config.rank",
-            )
+        rank = _whole(lora.get("rank", 32), "lora_config.rank", minimum=1)
+        seed = lora.get("seed")
         run_id = f"{session.id}:train:{seq}"
-        run = Run(run_id, session.project, art_name(run_id), base_model, rank, targets)
-        trainer_args = dev.TrainerArgs(**({"seed": lora["seed"]} if "seed" in lora else {}))
+        run = Run(
+            run_id, session.project, art_name(run_id), base_model, rank, targets, _metadata(data)
+        )
+        trainer_args = dev.TrainerArgs(
+            **({} if seed is None else {"seed": _whole(seed, "lora_config.seed", minimum=0)})
+        )
         config = dev.InternalModelConfig(
             peft_args=dev.PeftArgs(r=rank, target_modules=targets), trainer_args=trainer_args
         )
@@ -242,7 +302,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/get_info", include_in_schema=False)
     async def get_info(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "get_info")
         run = await ready(runs.run(field_of(data, "model_id", str), current()))
         tokenizer = await asyncio.to_thread(service.tokenizer_source, run.project, run.name)
         return {
@@ -257,7 +317,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.post("/api/v1/forward_backward", include_in_schema=False)
     async def forward_backward(request: Request) -> dict[str, Any]:
         parsed = read_forward_backward(await request.body())
-        run = await ready(runs.run(parsed.model_id, current()))
+        run = await ready(runs.run(parsed.model_id, current()), training=True)
         datums = []
         for index, item in enumerate(parsed.data):
             for key, tensor in item.inputs.items():
@@ -287,16 +347,20 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             )
             return forward_backward_output(outputs, metrics)
 
-        return submit(work, proto=True, after=run.id, model_id=run.id)
+        return submit(
+            work, proto=True, after=run.id, seq=(run.id, parsed.seq_id or None), model_id=run.id
+        )
 
     @app.post("/api/v1/optim_step", include_in_schema=False)
     async def optim_step(request: Request) -> dict[str, Any]:
-        data = await body(request)
-        run = await ready(runs.run(field_of(data, "model_id", str), current()))
+        data = await body(request, "optim_step")
+        run = await ready(runs.run(field_of(data, "model_id", str), current()), training=True)
         refuse_unless(
             "optimizer_params" not in data, "optimizer_params", "an optimizer other than Adam"
         )
-        given = field_of(data, "adam_params", dict)
+        given = data.get("adam_params", data.get("optim_params"))
+        if not isinstance(given, dict):
+            raise ApiError(400, "adam_params: required, an object", param="adam_params")
         adam = {
             "learning_rate": 1e-4,
             "beta1": 0.9,
@@ -327,7 +391,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             metrics = await asyncio.to_thread(service.optim_step, run.project, run.name, adam)
             return {"type": "optim_step", "metrics": metrics}
 
-        return submit(work, after=run.id)
+        return submit(work, after=run.id, seq=(run.id, data.get("seq_id")))
 
     def checkpoint_name(data: dict[str, Any]) -> str | None:
         name: str | None = field_of(data, "path", str, None)
@@ -345,8 +409,8 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/save_weights", include_in_schema=False)
     async def save_weights(request: Request) -> dict[str, Any]:
-        data = await body(request)
-        run = await ready(runs.run(field_of(data, "model_id", str), current()))
+        data = await body(request, "save_weights")
+        run = await ready(runs.run(field_of(data, "model_id", str), current()), training=True)
         refuse_extras(data)
         name = checkpoint_name(data)
         if name is None:
@@ -357,16 +421,16 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             if not overwrite and f"weights/{name}" in runs.checkpoint_names(run):
                 raise ApiError(400, f"path: {name!r} exists; pass overwrite=True", param="path")
             step = await asyncio.to_thread(service.save_state, run.project, run.name)
-            runs.name_checkpoint(run, "weights", name, step)
+            runs.name_checkpoint(run, "weights", name, step, _metadata(data))
             return {"type": "save_weights", "path": run.path("weights", name)}
 
-        return submit(work, after=run.id)
+        return submit(work, after=run.id, seq=(run.id, data.get("seq_id")))
 
     @app.post("/api/v1/save_weights_for_sampler", include_in_schema=False)
     async def save_weights_for_sampler(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "save_weights_for_sampler")
         principal = current()
-        run = await ready(runs.run(field_of(data, "model_id", str), principal))
+        run = await ready(runs.run(field_of(data, "model_id", str), principal), training=True)
         refuse_extras(data)
         refuse_unless(
             field_of(data, "kind", str, "snapshot") == "snapshot", "kind", "'inflight' weights"
@@ -375,25 +439,29 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         session = _session_of(runs, run, principal)
 
         async def work() -> dict[str, Any]:
+            if name is not None and f"sampler_weights/{name}" in runs.checkpoint_names(run):
+                raise ApiError(400, f"path: {name!r} exists; give another name", param="path")
             step = await asyncio.to_thread(service.save_state, run.project, run.name)
             if name is not None:
-                runs.name_checkpoint(run, "sampler_weights", name, step)
+                runs.name_checkpoint(run, "sampler_weights", name, step, _metadata(data))
                 return {
                     "type": "save_weights_for_sampler",
                     "path": run.path("sampler_weights", name),
                 }
-            sampler = _new_sampler(runs, session, run, step, None)
+            sampler = _new_sampler(
+                runs, session, run, step, None, data.get("sampling_session_seq_id")
+            )
             return {
                 "type": "save_weights_for_sampler",
                 "path": None,
                 "sampling_session_id": sampler.id,
             }
 
-        return submit(work, after=run.id)
+        return submit(work, after=run.id, seq=(run.id, data.get("seq_id")))
 
     @app.post("/api/v1/load_weights", include_in_schema=False)
     async def load_weights(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "load_weights")
         principal = current()
         refuse_unless(
             data.get("weights_access_token") is None,
@@ -403,15 +471,15 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         source, step = runs.step_of(field_of(data, "path", str), principal)
         with_optimizer = field_of(data, "optimizer", bool, False)
         if "model_id" in data:  # load into an existing training client
-            run = await ready(runs.run(field_of(data, "model_id", str), principal))
+            run = await ready(runs.run(field_of(data, "model_id", str), principal), training=True)
 
             async def load() -> dict[str, Any]:
                 await asyncio.to_thread(_load_into, server, run, source, step, with_optimizer)
                 return {"type": "load_weights", "path": data["path"], "model_id": run.id}
 
-            return submit(load, after=run.id)
+            return submit(load, after=run.id, seq=(run.id, data.get("seq_id")))
         # A new training client from the state (create_training_client_from_state).
-        session = runs.session(field_of(data, "session_id", str), principal)
+        session = runs.open_session(field_of(data, "session_id", str), principal)
         seq = field_of(data, "model_seq_id", int)
         base_model = field_of(data, "base_model", str, None) or source.base_model
         if base_model != source.base_model:
@@ -428,6 +496,13 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             source.base_model,
             source.rank,
             source.targets,
+            _metadata(data),
+        )
+        optimizer = field_of(data, "optimizer_config", dict, {}) or {}
+        refuse_unless(
+            optimizer.get("type", "adamw") == "adamw",
+            "optimizer_config.type",
+            repr(optimizer.get("type")),
         )
         session.model_seq = max(session.model_seq, seq + 1)
         config = dev.InternalModelConfig(
@@ -447,9 +522,9 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/create_sampling_session", include_in_schema=False)
     async def create_sampling_session(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "create_sampling_session")
         principal = current()
-        session = runs.session(field_of(data, "session_id", str), principal)
+        session = runs.open_session(field_of(data, "session_id", str), principal)
         path = field_of(data, "model_path", str, None)
         if path is None:
             raise ApiError(
@@ -459,8 +534,15 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="model_path",
             )
         run, step = runs.step_of(path, principal, "model_path")
+        base_model = field_of(data, "base_model", str, None)
+        if base_model not in (None, run.base_model):
+            raise ApiError(
+                400,
+                f"base_model: {path} was trained on {run.base_model!r}, not {base_model!r}",
+                param="base_model",
+            )
         await ready(run)
-        sampler = _new_sampler(runs, session, run, step, path)
+        sampler = _new_sampler(runs, session, run, step, path, data.get("sampling_session_seq_id"))
         return {"type": "create_sampling_session", "sampling_session_id": sampler.id}
 
     @app.get("/api/v1/samplers/{sampler_id}", include_in_schema=False)
@@ -474,7 +556,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/asample", include_in_schema=False)
     async def asample(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "sample")
         sampler = _sampler(runs, field_of(data, "sampling_session_id", str), current())
         run = await ready(sampler.run)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
@@ -528,8 +610,10 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 [(s.token_ids, s.logprobs, s.finish_reason == "stop") for s in samples], scored
             )
 
-        ids = [f"{sampler.id}:{index}" for index in range(count)]
-        return submit(work, proto=True, sample_sequence_ids=ids)
+        ids = [f"{sampler.id}:{data.get('seq_id', 0)}:{index}" for index in range(count)]
+        return submit(
+            work, proto=True, seq=(sampler.id, data.get("seq_id")), sample_sequence_ids=ids
+        )
 
     # --- REST: runs and checkpoints --------------------------------------------------------
 
@@ -546,6 +630,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             "last_request_time": max((c["time"] for c in checkpoints), default=_now()),
             "last_checkpoint": latest.get("training"),
             "last_sampler_checkpoint": latest.get("sampler"),
+            "user_metadata": run.user_metadata or None,
         }
 
     @app.get("/api/v1/training_runs", include_in_schema=False)
@@ -596,7 +681,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
 
     @app.post("/api/v1/weights_info", include_in_schema=False)
     async def weights_info(request: Request) -> dict[str, Any]:
-        data = await body(request)
+        data = await body(request, "weights_info")
         run, _ = runs.step_of(field_of(data, "tinker_path", str), current(), "tinker_path")
         return {
             "base_model": run.base_model,
@@ -615,6 +700,23 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         }
 
     return runs
+
+
+def _whole(value: Any, name: str, *, minimum: int) -> int:
+    """`value` as an integer of at least `minimum`; a 400 naming `name` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ApiError(400, f"{name}: {value!r} is not an integer >= {minimum}", param=name)
+    return value
+
+
+def _metadata(data: dict[str, Any]) -> dict[str, str]:
+    """The request's `user_metadata`: string keys and values, kept with what it made."""
+    given = data.get("user_metadata") or {}
+    if not isinstance(given, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in given.items()
+    ):
+        raise ApiError(400, "user_metadata: give an object of strings", param="user_metadata")
+    return dict(given)
 
 
 def _default_project(principal: Principal) -> str:
@@ -667,16 +769,18 @@ def _session_of(runs: TinkerRuns, run: Run, principal: Principal) -> Any:
     )
 
 
-def _new_sampler(runs: TinkerRuns, session: Any, run: Run, step: int, path: str | None) -> Sampler:
-    sampler = Sampler(
-        f"{session.id}:sample:{session.sampler_seq}",
-        session.project,
-        run.base_model,
-        run,
-        step,
-        path,
+def _new_sampler(
+    runs: TinkerRuns, session: Any, run: Run, step: int, path: str | None, seq: Any
+) -> Sampler:
+    """A sampler of checkpoint `step`, named by the client's `sampling_session_seq_id`
+    (`seq`), or by the session's own count where it sent none."""
+    number = (
+        session.sampler_seq if seq is None else _whole(seq, "sampling_session_seq_id", minimum=0)
     )
-    session.sampler_seq += 1
+    session.sampler_seq = max(session.sampler_seq, number) + 1
+    sampler = Sampler(
+        f"{session.id}:sample:{number}", session.project, run.base_model, run, step, path
+    )
     runs.samplers[sampler.id] = sampler
     session.samplers.append(sampler.id)
     return sampler
@@ -797,6 +901,7 @@ def _checkpoint(run: Run, checkpoint_id: str, entry: dict[str, Any]) -> dict[str
         "checkpoint_type": "training" if kind == "weights" else "sampler",
         "time": entry["time"],
         "tinker_path": run.path(kind, name),
+        "user_metadata": entry.get("user_metadata") or None,
     }
 
 

@@ -41,11 +41,13 @@ class Session:
     key_id: str
     project: str
     user_metadata: dict[str, str]
+    display_name: str | None = None
     runs: list[str] = field(default_factory=list)
     samplers: list[str] = field(default_factory=list)
     model_seq: int = 0
     sampler_seq: int = 0
     heartbeat: float = field(default_factory=time.time)
+    finished: str | None = None  # the client's reason, once it closed the session
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Run:
     base_model: str
     rank: int
     targets: tuple[str, ...]  # the LoRA's modules (Tinker's train_attn, train_mlp, train_unembed)
+    user_metadata: dict[str, str] = field(default_factory=dict)
 
     def path(self, kind: str, name: str) -> str:
         return f"tinker://{self.id}/{kind}/{name}"
@@ -80,6 +83,16 @@ class Pending:
     key_id: str
     future: asyncio.Future[Any]
     proto: bool  # its result is protobuf bytes
+
+
+def refuse_finished(session: Session) -> None:
+    if session.finished is not None:
+        raise ApiError(
+            400,
+            f"session_id: session {session.id} was finished ({session.finished}); "
+            "start a new ServiceClient",
+            param="session_id",
+        )
 
 
 def art_name(run_id: str) -> str:
@@ -113,14 +126,23 @@ class TinkerRuns:
         self.futures: dict[str, Pending] = {}
         self._runs: dict[str, Run] = {}
         self._chains: dict[str, asyncio.Future[Any]] = {}  # run id -> its last call
+        self._seen: dict[tuple[str, int], str] = {}  # (client, seq_id) -> request id
         if self._file.exists():
             for record in json.loads(self._file.read_text(encoding="utf-8")):
                 self._runs[record["id"]] = Run(**{**record, "targets": tuple(record["targets"])})
 
     # --- sessions --------------------------------------------------------------------------
 
-    def new_session(self, principal: Principal, project: str, metadata: dict[str, str]) -> Session:
-        session = Session(f"s{secrets.token_hex(8)}", principal.key_id, project, metadata)
+    def new_session(
+        self,
+        principal: Principal,
+        project: str,
+        metadata: dict[str, str],
+        display_name: str | None,
+    ) -> Session:
+        session = Session(
+            f"s{secrets.token_hex(8)}", principal.key_id, project, metadata, display_name
+        )
         self.sessions[session.id] = session
         return session
 
@@ -129,6 +151,19 @@ class TinkerRuns:
         if session is None or (session.key_id != principal.key_id and not principal.admin):
             raise ApiError(404, f"session_id: no session {session_id!r}", param="session_id")
         return session
+
+    def open_session(self, session_id: str, principal: Principal) -> Session:
+        """The session, refused once its client finished it (the SDK's `close`)."""
+        session = self.session(session_id, principal)
+        refuse_finished(session)
+        return session
+
+    def refuse_finished_run(self, run: Run) -> None:
+        """Refuse a call on a run whose session was finished (a run whose session ended
+        with a restart of the server is open to any later session)."""
+        session = self.sessions.get(run.id.partition(":")[0])
+        if session is not None:
+            refuse_finished(session)
 
     # --- runs ------------------------------------------------------------------------------
 
@@ -167,10 +202,16 @@ class TinkerRuns:
         loaded: dict[str, dict[str, Any]] = json.loads(file.read_text(encoding="utf-8"))
         return loaded
 
-    def name_checkpoint(self, run: Run, kind: str, name: str, step: int) -> None:
+    def name_checkpoint(
+        self, run: Run, kind: str, name: str, step: int, metadata: dict[str, str]
+    ) -> None:
         with self._lock:
             names = self.checkpoint_names(run)
-            names[f"{kind}/{name}"] = {"step": step, "time": datetime.now(UTC).isoformat()}
+            names[f"{kind}/{name}"] = {
+                "step": step,
+                "time": datetime.now(UTC).isoformat(),
+                "user_metadata": metadata,
+            }
             write_text_atomic(self._names_file(run), json.dumps(names, indent=1))
 
     def forget_checkpoint(self, run: Run, checkpoint_id: str) -> int | None:
@@ -200,8 +241,15 @@ class TinkerRuns:
         *,
         proto: bool,
         after: str | None = None,
+        seq: tuple[str, int] | None = None,
     ) -> str:
-        """Start `work` (after the run `after`'s earlier calls); its future's request id."""
+        """Start `work` (after the run `after`'s earlier calls); its future's request id.
+
+        `seq` is the SDK's (client, seq_id) of the call: the same call submitted again (a
+        retry whose first try did arrive) gets the first one's request id, not a second run.
+        """
+        if seq is not None and seq in self._seen:
+            return self._seen[seq]
         loop = asyncio.get_running_loop()
         previous = self._chains.get(after) if after else None
 
@@ -215,11 +263,15 @@ class TinkerRuns:
             self._chains[after] = task
         request_id = f"r{secrets.token_hex(10)}"
         self.futures[request_id] = Pending(principal.key_id, task, proto)
+        if seq is not None:
+            self._seen[seq] = request_id
         while len(self.futures) > _FUTURES_KEPT:
             oldest = next(iter(self.futures))
             if not self.futures[oldest].future.done():
                 break
             del self.futures[oldest]
+        while len(self._seen) > _FUTURES_KEPT:
+            del self._seen[next(iter(self._seen))]
         return request_id
 
     def pending(self, request_id: str, principal: Principal) -> Pending:
