@@ -42,7 +42,9 @@ class TokenTrainer(Protocol):
         grad_clip_norm: float,
     ) -> dict[str, float]: ...
 
-    def prompt_logprobs(self, token_ids: list[int], directory: Path | None) -> list[float]: ...
+    def prompt_logprobs(
+        self, token_ids: list[int], directory: Path | None, *, own: bool = False
+    ) -> list[float]: ...
 
     def load(self, directory: Path, *, with_optimizer: bool) -> None: ...
 
@@ -127,11 +129,16 @@ def load_checkpoint(
 def prompt_logprobs(
     trained: TrainedModel, step: int | None, token_ids: list[int], torch_thread: TorchThread
 ) -> list[float]:
-    """Each token's logprob after the first, under checkpoint `step` (None: the base)."""
+    """Each token's logprob after the first, under checkpoint `step` (None: the base).
+    The step the adapter holds unchanged is scored with the adapter itself, not loaded
+    again from its files (about 1 s a call for the default model here)."""
     trainer = token_trainer(trained)
     directory = None if step is None else trained.store.checkpoint_dir(step)
+    own = step is not None and step == trained.trained_step and not trained.unsaved
     return on_training_model(
-        trained.base, lambda: trainer.prompt_logprobs(token_ids, directory), torch_thread
+        trained.base,
+        lambda: trainer.prompt_logprobs(token_ids, directory, own=own),
+        torch_thread,
     )
 
 

@@ -631,27 +631,31 @@ class PeftTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": norm, "learning_rate": learning_rate}
 
-    def prompt_logprobs(self, token_ids: list[int], directory: Path | None) -> list[float]:
-        """The logprob of each token after the first under the adapter saved in
-        `directory` (None: the base model), loaded beside ours for the call (Tinker's
-        `compute_logprobs` of a sampling client)."""
+    def prompt_logprobs(
+        self, token_ids: list[int], directory: Path | None, *, own: bool = False
+    ) -> list[float]:
+        """The logprob of each token after the first (Tinker's `compute_logprobs`) under
+        this trainer's adapter as it is (`own`), else under the adapter saved in
+        `directory`, loaded beside ours for the call (None: the base model)."""
         self.model.eval()
         ids = torch.tensor([token_ids], device=self.device)
         name = f"{self.adapter}_scored"
-        if directory is not None:
+        load = directory is not None and not own
+        if load:
             self.model.load_adapter(str(directory), adapter_name=name, is_trainable=False)
         try:
             with (
                 torch.no_grad(),
-                self.model.disable_adapter() if directory is None else contextlib.nullcontext(),
+                self.model.disable_adapter()
+                if directory is None and not own
+                else contextlib.nullcontext(),
                 torch.autocast(
                     self.device.type,
                     dtype=self._autocast_dtype or torch.bfloat16,
                     enabled=self._autocast_dtype is not None,
                 ),
             ):
-                if directory is not None:
-                    self.model.set_adapter(name)
+                self.model.set_adapter(name if load else self.adapter)
                 hidden = self._decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
                 logprobs, _ = sampled_logprobs(
                     hidden[:-1], ids[0, 1:], self._head, self._memory.head_rows
@@ -659,7 +663,7 @@ class PeftTrainer:
             return [float(value) for value in logprobs.tolist()]
         finally:
             self.model.set_adapter(self.adapter)
-            if directory is not None:
+            if load:
                 self.model.delete_adapter(name)
 
     def load(self, directory: Path, *, with_optimizer: bool) -> None:
