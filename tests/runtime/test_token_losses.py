@@ -212,3 +212,33 @@ def test_bad_inputs_and_config_are_refused_naming_the_field() -> None:
         trainer.forward_backward([good, short], "importance_sampling", {}, backward=True)
     assert all(p.grad is None for p in trainer.model.parameters())  # checked before any pass
     assert set(LOSS_CONFIG) == {"cross_entropy", "importance_sampling", "ppo", "cispo"}
+
+
+def test_a_lora_on_the_lm_head_saves_its_own_weights_not_the_bases_embeddings(
+    tmp_path: Path,
+) -> None:
+    """PEFT's default wrote the base's (tied) embeddings into every such checkpoint."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    args = art.dev.PeftArgs(r=4, lora_alpha=8, target_modules=("q_proj", "lm_head"))
+    model = create_peft_model(LlamaForCausalLM(config), args, seed=0)
+    trainer = PeftTrainer(
+        model,
+        None,  # type: ignore[arg-type]
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(),
+    )
+    trainer.save(tmp_path / "checkpoint")
+    saved = load_file(tmp_path / "checkpoint" / "adapter_model.safetensors")
+    assert any("lm_head.lora_" in key for key in saved)
+    assert all(".lora_" in key for key in saved), sorted(saved)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from ...core.data import dev
 from ...core.data.errors import ArtError
@@ -41,7 +41,7 @@ from ...runtime.trainer.token_losses import TokenDatum, check_datum, check_loss
 from ..access import Principal, current
 from ..schemas import NAME_PATTERN, ModelCreate
 from ..state import ArtServer
-from .runs import Pending, Run, Sampler, TinkerRuns, art_name
+from .runs import Pending, Run, Sampler, TinkerRuns, art_name, holds
 from .wire import forward_backward_output, read_forward_backward, sample_response
 
 logger = logging.getLogger("art.serve")
@@ -222,9 +222,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     @app.get("/api/v1/sessions", include_in_schema=False)
     async def list_sessions(limit: int = 20, offset: int = 0) -> dict[str, Any]:
         principal = current()
-        mine = [
-            s.id for s in runs.sessions.values() if principal.admin or s.key_id == principal.key_id
-        ]
+        mine = [s.id for s in runs.sessions.values() if holds(s.key_id, principal)]
         return {"sessions": mine[offset : offset + limit]}
 
     @app.get("/api/v1/sessions/{session_id}", include_in_schema=False)
@@ -789,11 +787,7 @@ def _new_sampler(
 def _sampler(runs: TinkerRuns, sampler_id: str, principal: Principal) -> Sampler:
     sampler = runs.samplers.get(sampler_id)
     session = runs.sessions.get(sampler_id.partition(":")[0])
-    if (
-        sampler is None
-        or session is None
-        or (session.key_id != principal.key_id and not principal.admin)
-    ):
+    if sampler is None or session is None or (not holds(session.key_id, principal)):
         raise ApiError(
             404, f"sampling_session_id: no sampler {sampler_id!r}", param="sampling_session_id"
         )
@@ -910,9 +904,7 @@ def _now() -> str:
 
 
 def _json(data: dict[str, Any]) -> Response:
-    import json
-
-    return Response(json.dumps(data), media_type="application/json")
+    return JSONResponse(data)
 
 
 def _result(pending: Pending, root: str) -> Response:

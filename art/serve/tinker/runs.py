@@ -85,6 +85,11 @@ class Pending:
     proto: bool  # its result is protobuf bytes
 
 
+def holds(key_id: str, principal: Principal) -> bool:
+    """Whether `principal` may see what the key `key_id` made (its own, or the admin)."""
+    return principal.admin or key_id == principal.key_id
+
+
 def refuse_finished(session: Session) -> None:
     if session.finished is not None:
         raise ApiError(
@@ -148,7 +153,7 @@ class TinkerRuns:
 
     def session(self, session_id: str, principal: Principal) -> Session:
         session = self.sessions.get(session_id)
-        if session is None or (session.key_id != principal.key_id and not principal.admin):
+        if session is None or not holds(session.key_id, principal):
             raise ApiError(404, f"session_id: no session {session_id!r}", param="session_id")
         return session
 
@@ -276,9 +281,18 @@ class TinkerRuns:
 
     def pending(self, request_id: str, principal: Principal) -> Pending:
         pending = self.futures.get(request_id)
-        if pending is None or (pending.key_id != principal.key_id and not principal.admin):
+        if pending is None or not holds(pending.key_id, principal):
             raise ApiError(404, f"request_id: no request {request_id!r}", param="request_id")
         return pending
 
 
-__all__ = ["Pending", "Run", "Sampler", "Session", "TinkerRuns", "art_name", "parse_path"]
+__all__ = [
+    "Pending",
+    "Run",
+    "Sampler",
+    "Session",
+    "TinkerRuns",
+    "art_name",
+    "holds",
+    "parse_path",
+]
