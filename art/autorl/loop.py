@@ -134,9 +134,10 @@ async def train(
             "Raise num_inputs or lower groups_per_step",
         )
 
+    run_dir = ModelStore(path, project, name).dir / "autorl"
+    _check_same_task(run_dir, task_description)  # before the model loads: a mistake fails at once
     model = TrainableModel(name=name, project=project, base_model=base_model)
     await model.register(backend)
-    run_dir = ModelStore(path, project, name).dir / "autorl"
     models = _reach(model, judge_model, judge_params, generator_model, generator_params, group_size)
 
     # The generator's and the judge's costs go into the model's history rows, as ART's
@@ -218,6 +219,20 @@ def _reach(
     return _Models(judge_model or base, judge, generator_model or base, generator)
 
 
+def _check_same_task(run_dir: Path, task_description: str) -> None:
+    """A run resumes only with the task it was started with (its inputs were written for it)."""
+    file = run_dir / "inputs.json"
+    if not file.exists():
+        return
+    inputs = GeneratedInputs.from_json(file.read_text(encoding="utf-8"))
+    if inputs.task_description != task_description.strip():
+        raise ConfigError(
+            "task_description",
+            f"differs from the one this run was started with ({inputs.task_description!r})",
+            f"Resume with the same task, or start a new run (another name or path than {run_dir.parent})",
+        )
+
+
 async def _load_or_generate_inputs(
     run_dir: Path,
     task_description: str,
@@ -229,14 +244,8 @@ async def _load_or_generate_inputs(
 ) -> GeneratedInputs:
     file = run_dir / "inputs.json"
     if file.exists():
-        inputs = GeneratedInputs.from_json(file.read_text(encoding="utf-8"))
-        if inputs.task_description != task_description.strip():
-            raise ConfigError(
-                "task_description",
-                f"differs from the one this run was started with ({inputs.task_description!r})",
-                f"Resume with the same task, or start a new run (another name or path than {run_dir.parent})",
-            )
-        return inputs
+        _check_same_task(run_dir, task_description)
+        return GeneratedInputs.from_json(file.read_text(encoding="utf-8"))
     inputs = await generate_inputs(
         task_description,
         num_inputs,
