@@ -28,7 +28,8 @@ from .prompt import DEFAULT_RUBRIC, judge_messages, response_format, trajectory_
 
 logger = logging.getLogger("art.ruler")
 
-# A judge answer that fails the check is asked for once more before giving up.
+# A judge answer that fails the check is asked for once more, told what was wrong with
+# it, before giving up.
 _ATTEMPTS = 2
 _RESERVED = ("messages", "response_format")
 # ART's name for the judge's cost: `costs/<context>/judge/ruler` in history.jsonl.
@@ -192,8 +193,12 @@ async def judge(
     prompt_tokens = completion_tokens = 0
     cost: float | None = 0.0
     failure: JudgeError | None = None
+    content: str | None = None
+    asked = request
     for attempt in range(1, _ATTEMPTS + 1):
-        response = await acompletion(**request, caching=False)
+        if failure is not None:
+            asked = _asked_again(request, content, failure, ids)
+        response = await acompletion(**asked, caching=False)
         if not isinstance(response, response_type):
             raise JudgeError(
                 f"{judge_model}: acompletion returned a {type(response).__name__}, not a "
@@ -264,6 +269,24 @@ def _request(
         "response_format": response_format(len(message_lists)),
         **extra,
     }
+
+
+def _asked_again(
+    request: dict[str, Any], content: str | None, failure: JudgeError, ids: Sequence[str]
+) -> dict[str, Any]:
+    """`request` with the judge's unusable answer and what was wrong with it appended, so
+    that the second answer can mend the first instead of drawing the same one again."""
+    retry = (
+        f"That answer could not be used: {failure}. Answer again with JSON only, "
+        f'{{"scores": [...]}} with exactly one entry for each trajectory id ({", ".join(ids)}), '
+        "each a score from 0 to 1."
+    )
+    messages = [
+        *request["messages"],
+        {"role": "assistant", "content": content or ""},
+        {"role": "user", "content": retry},
+    ]
+    return {**request, "messages": messages}
 
 
 def _cache_store(cache: bool | str | os.PathLike[str]) -> JudgeCache | None:

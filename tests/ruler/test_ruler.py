@@ -111,8 +111,11 @@ def test_scores_are_matched_by_id_not_by_position() -> None:
         (answer(("1", 0.9), ("2", 0.5)), "no score for trajectory id '3'"),
         (answer(("1", 0.9), ("1", 0.5), ("3", 0.1)), "more than one score for id '1'"),
         (answer(("1", 0.9), ("2", 0.5), ("3", 0.1), ("7", 1)), "unknown id '7'"),
-        (answer(("1", 0.9), ("2", 1.5), ("3", 0.1)), "1.5, outside 0..1"),
-        ('{"scores": [{"trajectory_id": "1", "sco', "not valid JSON"),
+        (answer(("1", 0.9), ("2", -0.5), ("3", 0.1)), "-0.5, outside 0..1"),
+        (answer(("1", 0.9), ("2", 150), ("3", 0.1)), "'2' is 150.0, outside 0..1"),
+        (answer(("1", 0.9), ("2", "high"), ("3", 0.1)), "not a number: 'high'"),
+        (answer(("1", 0.9), ("2", 0.5), ("3", 0.1)).replace("}]", "}"), "not valid JSON"),
+        ("Trajectory 1 is best (0.9), then 2 (0.5), then 3 (0.1).", "holds no JSON list"),
         ('{"ranking": []}', 'no "scores" list'),
         ("", "empty"),
     ],
@@ -120,6 +123,43 @@ def test_scores_are_matched_by_id_not_by_position() -> None:
 def test_an_unusable_answer_says_what_is_wrong(content: str, message: str) -> None:
     with pytest.raises(art.JudgeError, match=message):
         parse_scores(content, ["1", "2", "3"])
+
+
+def _entries(ids: list[object], scores: list[object]) -> list[dict[str, object]]:
+    return [
+        {"trajectory_id": i, "explanation": "why", "score": s}
+        for i, s in zip(ids, scores, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        # The JSON inside prose, or in a Markdown fence.
+        ("Here you go: " + answer(("1", 0.9), ("2", 0.5), ("3", 0.1)) + " Hope it helps.",
+         [0.9, 0.5, 0.1]),
+        ("```json\n" + answer(("3", 0.1), ("1", 0.9), ("2", 0.5)) + "\n```", [0.9, 0.5, 0.1]),
+        # A bare list of entries.
+        (json.dumps(_entries(["1", "2", "3"], [0.2, 0.3, 0.4])), [0.2, 0.3, 0.4]),
+        # Ids as "trajectory N", "#N" or numbers; ids counted from 0.
+        (json.dumps({"scores": _entries(["Trajectory 2", "#1", 3], [0.5, 0.9, 0.1])}),
+         [0.9, 0.5, 0.1]),
+        (json.dumps({"scores": _entries(["0", "1", "2"], [0.9, 0.5, 0.1])}), [0.9, 0.5, 0.1]),
+        # The same entry twice.
+        (answer(("1", 0.9), ("2", 0.5), ("2", 0.5), ("3", 0.1)), [0.9, 0.5, 0.1]),
+        # Scores as text, out of 10, out of 100.
+        (json.dumps({"scores": _entries(["1", "2", "3"], ["0.9", "5/10", "10%"])}),
+         [0.9, 0.5, 0.1]),
+        (answer(("1", 9), ("2", 5), ("3", 1)), [0.9, 0.5, 0.1]),
+        (answer(("1", 90), ("2", 50), ("3", 10)), [0.9, 0.5, 0.1]),
+    ],
+)  # fmt: skip
+def test_an_answer_that_says_plainly_what_it_meant_is_read_as_meant(
+    content: str, expected: list[float]
+) -> None:
+    scores = parse_scores(content, ["1", "2", "3"])
+    assert [s.trajectory_id for s in scores] == ["1", "2", "3"]
+    assert [s.score for s in scores] == pytest.approx(expected)
 
 
 # --- the cache key -----------------------------------------------------------------------
@@ -227,6 +267,38 @@ async def test_an_unusable_answer_is_asked_for_once_more(
     )
     assert [s.score for s in scores] == [0.2, 0.8]
     assert len(scripted_chat.requests) == 2
+
+
+async def test_a_small_judges_answer_is_read_and_a_retry_shows_it_its_mistake(
+    scripted_chat: ScriptedChat, tmp_path: Path
+) -> None:
+    """What a small local judge writes, from a real server through LiteLLM: prose around
+    JSON with ids and scores of its own making is read as meant; an answer with no JSON is
+    asked for again, the judge shown its answer and what was wrong with it."""
+    prose = (
+        "Let me compare them.\n```json\n"
+        + json.dumps({"scores": _entries(["trajectory 1", "trajectory 2"], ["8/10", 3])})
+        + "\n```"
+    )
+    scripted_chat.answers += [prose, "Trajectory 1 is better.", answer(("1", 0.7), ("2", 0.2))]
+    messages = [t.messages() for t in group_of(ANSWERS[:2])]
+    scores = await ruler(
+        messages, "openai/scripted-judge", scripted_params(scripted_chat), cache=tmp_path
+    )
+    assert [s.score for s in scores] == pytest.approx([0.8, 0.3])
+    assert len(scripted_chat.requests) == 1
+
+    scores = await ruler(
+        messages, "openai/scripted-judge", scripted_params(scripted_chat), cache=False
+    )
+    assert [s.score for s in scores] == [0.7, 0.2]
+    first, second = scripted_chat.requests[1:]
+    assert second["messages"][: len(first["messages"])] == first["messages"]
+    shown, told = second["messages"][len(first["messages"]) :]
+    assert shown == {"role": "assistant", "content": "Trajectory 1 is better."}
+    assert told["role"] == "user"
+    assert "holds no JSON list of scores" in told["content"]
+    assert "one entry for each trajectory id (1, 2)" in told["content"]
 
 
 async def test_a_wrong_id_count_is_an_error_or_with_swallow_a_dropped_group(
