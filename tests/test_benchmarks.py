@@ -109,8 +109,22 @@ RUNS = [
     pytest.param(
         "ruler_agreement",
         [],
-        ["machine: ", "judge: openai/", "| RULER |", "RULER / random scorer: "],
+        [
+            "machine: ",
+            "judge: openai/",
+            "### arithmetic (the demo's task): 1 groups of 2, hand-scored",
+            "### tool use (weather, orders, currency): 1 groups of 2, hand-scored",
+            "| RULER |",
+            "| pointwise (same judge) |",
+            "RULER / random scorer: ",
+        ],
         id="ruler_agreement",
+    ),
+    pytest.param(
+        "ruler_learns",
+        [],
+        ["machine: ", "judge: openai/", "| RULER | 0 |", "| hand | 0 |", "RULER: mean rise "],
+        id="ruler_learns",
     ),
     pytest.param(
         "sampler_fidelity",

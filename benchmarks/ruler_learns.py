@@ -1,0 +1,236 @@
+"""Does a zero-label RULER run learn? The demo's task trained with RULER as the only reward,
+beside the same run trained on the hand-written reward, scored by hand on held-out questions.
+
+Each run trains the default model from its base on `examples/demo.py`'s additions (its
+system prompt, training and held-out questions, learning rate), `--groups` questions x
+`--group-size` rollouts a step. The reward of a step is either RULER's score of each group
+(`ruler_score_group` as the gather's `after_each`, the default rubric, no labels) or the
+demo's hand reward (1.0 the bare correct number, 0.5 the correct number among other text).
+Every run is scored the same way: the hand reward of its greedy answers to the demo's 32
+held-out questions (`--held-out`), before training and every `--eval-every` steps. Each seed draws other
+training questions; sampling differs between runs as well, so the spread over seeds is
+the noise a rise has to clear.
+
+    python benchmarks/ruler_learns.py --judge local [--steps 10] [--seeds 0 1]
+    python benchmarks/ruler_learns.py --quick    # a smoke setting: 1 step, the default model as judge
+
+The judge: as `ruler_agreement.py` (`--judge local` is Qwen2.5 Coder 1.5B on llama.cpp,
+`make judge`). `--plot` writes held-out reward per step, every run, to a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support import local_judge
+from support.demo import demo_module
+from support.machine import machine
+
+import art
+from art.local import LocalBackend
+from art.rewards import ruler_score_group
+
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@dataclass
+class Run:
+    """One training run and its held-out hand reward by step."""
+
+    reward: str  # "RULER" or "hand"
+    seed: int
+    held_out: dict[int, float] = field(default_factory=dict)
+    judge_seconds: float = 0.0
+    seconds: float = 0.0
+    groups_told_apart: int = 0
+    groups: int = 0
+
+    @property
+    def rise(self) -> float:
+        return self.held_out[max(self.held_out)] - self.held_out[0]
+
+
+@contextlib.asynccontextmanager
+async def judge_endpoint(
+    arguments: argparse.Namespace, backend: LocalBackend
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    if arguments.judge == "local":
+        with local_judge.serving(arguments.local_model) as served:
+            yield served.judge_model, served.params | {"temperature": 0.0}
+        return
+    if arguments.judge is not None:
+        params: dict[str, Any] = {"temperature": 0.0}
+        if arguments.judge_base_url:
+            params |= {"api_base": arguments.judge_base_url, "api_key": "local"}
+        yield arguments.judge, params
+        return
+    # The base model, served by the backend under its own name beside the trained ones.
+    model = art.TrainableModel(name="judge", project="ruler-learns", base_model=BASE_MODEL)
+    await model.register(backend)
+    yield (
+        f"openai/{BASE_MODEL}",
+        {
+            "base_url": model.inference_base_url,
+            "api_key": model.inference_api_key,
+            "temperature": 0.0,
+        },
+    )
+
+
+async def train_one(
+    run: Run,
+    backend: LocalBackend,
+    arguments: argparse.Namespace,
+    judge_model: str,
+    judge_params: dict[str, Any],
+) -> None:
+    demo = demo_module()
+    started = time.monotonic()
+    model = art.TrainableModel(
+        name=f"{run.reward.lower()}-{run.seed}", project="ruler-learns", base_model=BASE_MODEL
+    )
+    await model.register(backend)
+    held_out = demo.questions(seed=1, count=arguments.held_out)
+    train_questions = demo.questions(seed=2, count=256)
+    run.held_out[0] = await demo.held_out_reward(model, held_out, "before")
+
+    async def judge(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
+        began = time.monotonic()
+        judged = await ruler_score_group(
+            group, judge_model, judge_params, swallow_exceptions=True, cache=False
+        )
+        run.judge_seconds += time.monotonic() - began
+        run.groups += 1
+        if judged is not None and len({t.reward for t in judged}) > 1:
+            run.groups_told_apart += 1
+        return judged
+
+    rng = random.Random(run.seed)
+    for step in range(arguments.steps):
+        batch = rng.sample(train_questions, arguments.groups)
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup(demo.rollout(model, q) for _ in range(arguments.group_size))
+                for q in batch
+            ),
+            pbar_desc=None,
+            after_each=judge if run.reward == "RULER" else None,
+        )
+        if groups:
+            config = art.TrainConfig(learning_rate=arguments.learning_rate)
+            await model.train(groups, config=config)
+        if (step + 1) % arguments.eval_every == 0 or step + 1 == arguments.steps:
+            run.held_out[step + 1] = await demo.held_out_reward(model, held_out, "after")
+        print(
+            f"  {run.reward} seed {run.seed} step {step + 1}: held-out "
+            f"{run.held_out.get(step + 1, float('nan')):.2f}",
+            flush=True,
+        )
+    run.seconds = time.monotonic() - started
+
+
+def plot(runs: list[Run], target: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 3.8))
+    colours = {"RULER": "tab:blue", "hand": "tab:orange"}
+    labelled: set[str] = set()
+    for run in runs:
+        steps = sorted(run.held_out)
+        label = None if run.reward in labelled else f"{run.reward} reward"
+        labelled.add(run.reward)
+        axes.plot(
+            steps,
+            [run.held_out[s] for s in steps],
+            marker="o",
+            color=colours[run.reward],
+            alpha=0.8,
+            label=label,
+        )
+    axes.set(xlabel="step", ylabel="held-out reward (by hand, greedy)", ylim=(0, 1), title=title)
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=110)
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    print(f"machine: {machine()}", flush=True)
+    path = tempfile.mkdtemp(prefix="ruler-learns-")
+    backend = LocalBackend(path=path, in_process=True)
+    runs = [Run(reward, seed) for seed in arguments.seeds for reward in arguments.rewards]
+    started = time.monotonic()
+    try:
+        async with judge_endpoint(arguments, backend) as (judge_model, params):
+            params["max_tokens"] = 160 * arguments.group_size
+            print(f"judge: {judge_model}", flush=True)
+            for run in runs:
+                await train_one(run, backend, arguments, judge_model, params)
+    finally:
+        await backend.close()
+    print(
+        f"\n{arguments.steps} steps of {arguments.groups} questions x {arguments.group_size} "
+        f"rollouts, learning rate {arguments.learning_rate}; {time.monotonic() - started:.0f}s "
+        "in all\n"
+    )
+    print(
+        "| reward | seed | held-out before | after | rise | run s | judge s | groups told apart |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for run in runs:
+        last = run.held_out[max(run.held_out)]
+        apart = f"{run.groups_told_apart}/{run.groups}" if run.reward == "RULER" else ""
+        print(
+            f"| {run.reward} | {run.seed} | {run.held_out[0]:.2f} | {last:.2f} | "
+            f"{run.rise:+.2f} | {run.seconds:.0f} | {run.judge_seconds:.0f} | {apart} |"
+        )
+    for reward in arguments.rewards:
+        rises = [run.rise for run in runs if run.reward == reward]
+        spread = statistics.stdev(rises) if len(rises) > 1 else float("nan")
+        print(f"{reward}: mean rise {statistics.fmean(rises):+.3f}, sd {spread:.3f} over seeds")
+    if arguments.plot:
+        plot(runs, Path(arguments.plot), f"zero-label RULER vs hand reward ({judge_model})")
+        print(f"plot: {arguments.plot}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--groups", type=int, default=4, help="questions per step")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per question")
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument("--held-out", type=int, default=32, help="the demo's held-out questions")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument(
+        "--rewards", nargs="+", choices=["RULER", "hand"], default=["RULER", "hand"]
+    )
+    parser.add_argument("--judge", default=None, help="'local', a LiteLLM model, or none")
+    parser.add_argument(
+        "--local-model", choices=sorted(local_judge.MODELS), default=local_judge.DEFAULT
+    )
+    parser.add_argument("--judge-base-url", default=None)
+    parser.add_argument("--plot", default=None, help="write held-out reward per step here")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 step, 1 seed, 1 question x 2, 4 held out"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.seeds, args.groups, args.group_size, args.judge = 1, [0], 1, 2, None
+        args.held_out = 4
+    asyncio.run(main(args))
