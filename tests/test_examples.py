@@ -74,6 +74,8 @@ def test_the_zero_label_example_trains_a_step_with_ruler_as_the_only_reward(
             str(ROOT / "examples" / "ruler_zero_label.py"),
             "--steps",
             "1",
+            "--groups",
+            "1",  # one judge call: benchmarks/ruler_learns.py --quick judges and trains too
             "--path",
             str(tmp_path),
         ],

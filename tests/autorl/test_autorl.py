@@ -207,7 +207,7 @@ def test_autorl_rejects_bad_arguments_by_name(tmp_path: Path) -> None:
 
 SMALL_RUN = (
     "--num-inputs", "4", "--num-val", "1", "--groups-per-step", "1",
-    "--group-size", "4", "--max-tokens", "32",
+    "--group-size", "2", "--max-tokens", "32",
 )  # fmt: skip
 
 
