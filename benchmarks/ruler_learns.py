@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import tempfile
@@ -31,6 +32,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # the held-out bars of every run drown the table
 
 from support import local_judge
 from support.demo import demo_module
@@ -131,11 +134,12 @@ async def train_one(
             await model.train(groups, config=config)
         if (step + 1) % arguments.eval_every == 0 or step + 1 == arguments.steps:
             run.held_out[step + 1] = await demo.held_out_reward(model, held_out, "after")
-        print(
-            f"  {run.reward} seed {run.seed} step {step + 1}: held-out "
-            f"{run.held_out.get(step + 1, float('nan')):.2f}",
-            flush=True,
-        )
+        if step + 1 in run.held_out:
+            print(
+                f"  {run.reward} seed {run.seed} step {step + 1}: held-out "
+                f"{run.held_out[step + 1]:.2f}",
+                flush=True,
+            )
     run.seconds = time.monotonic() - started
 
 

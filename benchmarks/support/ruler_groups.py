@@ -209,7 +209,9 @@ def _order(rng: random.Random) -> tuple[str, list[tuple[list[Message], float]]]:
 def _currency(rng: random.Random) -> tuple[str, list[tuple[list[Message], float]]]:
     amount = rng.choice([40, 120, 250, 75])
     source, target = rng.sample(["USD", "EUR", "JPY", "GBP"], 2)
-    rate = round(rng.uniform(0.6, 1.6), 4) if "JPY" not in (source, target) else 150.25
+    rate = round(rng.uniform(0.6, 1.6), 4)
+    if "JPY" in (source, target):
+        rate = 150.25 if target == "JPY" else round(1 / 150.25, 6)
     converted = round(amount * rate, 2)
     result = {"amount": converted, "currency": target}
     wrong_way = {"amount": round(amount / rate, 2), "currency": source}

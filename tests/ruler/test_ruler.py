@@ -85,8 +85,10 @@ def test_tool_calls_and_results_are_shown_to_the_judge() -> None:
 
 def test_the_schema_admits_one_score_per_id_and_nothing_else() -> None:
     schema = response_format(3)["json_schema"]["schema"]
-    good = json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0)))
+    analysed = {"analysis": "7 + 5 is 12."}
+    good = analysed | json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0)))
     jsonschema.validate(good, schema)
+    assert list(schema["properties"]) == ["analysis", "scores"], "the analysis comes first"
     for bad in [
         answer(("1", 0.9), ("2", 0.5)),  # too few
         answer(("1", 0.9), ("1", 0.5), ("3", 0.1)),  # a repeated id
@@ -94,7 +96,9 @@ def test_the_schema_admits_one_score_per_id_and_nothing_else() -> None:
         answer(("1", 0.9), ("2", 1.5), ("3", 0.1)),  # a score above 1
     ]:
         with pytest.raises(jsonschema.ValidationError):
-            jsonschema.validate(json.loads(bad), schema)
+            jsonschema.validate(analysed | json.loads(bad), schema)
+    with pytest.raises(jsonschema.ValidationError, match="'analysis' is a required property"):
+        jsonschema.validate(json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0))), schema)
 
 
 # --- the check of the answer -------------------------------------------------------------
