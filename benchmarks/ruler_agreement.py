@@ -241,7 +241,7 @@ async def main(arguments: argparse.Namespace) -> None:
     }
     print(f"machine: {machine()}", flush=True)
     async with judge_endpoint(arguments) as (judge_model, params):
-        params["max_tokens"] = 160 * arguments.rollouts
+        params["max_tokens"] = 160 * arguments.rollouts + 160  # the analysis, then entries
         print(f"judge: {judge_model}", flush=True)
         results: dict[str, dict[str, Judged]] = {}
         for name, groups in task_sets.items():

@@ -179,7 +179,7 @@ async def main(arguments: argparse.Namespace) -> None:
     started = time.monotonic()
     try:
         async with judge_endpoint(arguments, backend) as (judge_model, params):
-            params["max_tokens"] = 160 * arguments.group_size
+            params["max_tokens"] = 160 * arguments.group_size + 160  # analysis, entries
             print(f"judge: {judge_model}", flush=True)
             for run in runs:
                 await train_one(run, backend, arguments, judge_model, params)

@@ -104,7 +104,8 @@ async def main(arguments: argparse.Namespace) -> None:
 
     # --8<-- [start:scenarios]
     judge_model = arguments.judge or f"openai/{BASE_MODEL}"
-    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
+    # Room for the judge's analysis, then an entry per rollout.
+    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size + 160}
     if arguments.judge is None:
         judge_params |= {
             "base_url": model.inference_base_url,

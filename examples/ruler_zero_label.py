@@ -101,7 +101,8 @@ async def main(arguments: argparse.Namespace) -> None:
 
     # --8<-- [start:judge]
     judge_model: str = arguments.judge or f"openai/{BASE_MODEL}"
-    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size}
+    # Room for the judge's analysis, then an entry per rollout.
+    judge_params: dict[str, Any] = {"max_tokens": 160 * arguments.group_size + 160}
     if arguments.judge is None:
         # The endpoint serves the untrained base model under its own name beside ours.
         judge_params |= {

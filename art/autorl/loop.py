@@ -210,7 +210,8 @@ def _reach(
     local = {"api_base": model.inference_base_url, "api_key": model.inference_api_key}
     base = f"openai/{model.base_model}"
     judge = dict(judge_params or {})
-    judge.setdefault("max_tokens", 160 * group_size)
+    # Room for RULER's whole answer: its analysis, then an entry per rollout.
+    judge.setdefault("max_tokens", 160 * group_size + 160)
     if judge_model is None:
         judge = {**local, "temperature": 0.0} | judge
     generator = dict(generator_params or {})
