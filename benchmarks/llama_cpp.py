@@ -29,12 +29,8 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import local_backend as bench  # this folder's whole-backend benchmark: figures, helpers
 import torch
 from openai import AsyncOpenAI
+from support.llama_server import free_port, running
 
 import art
 from art.local import LocalBackend
@@ -109,47 +106,21 @@ class LlamaServerEndpoint:
         return self.name
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def llama_server(args: LlamaArgs, gguf: Path, threads: int) -> Iterator[LlamaServerEndpoint]:
     """`llama-server` on 127.0.0.1 with `args.concurrency` slots, until the block ends."""
-    port = _free_port()
     name = gguf.stem
-    command = [
-        str(args.llama_venv / "llama.cpp" / "llama-server"),
-        "--model", str(gguf), "--alias", name, "--host", "127.0.0.1", "--port", str(port),
+    arguments = [
+        "--model", str(gguf), "--alias", name,
         "--parallel", str(args.concurrency), "--cont-batching",
         "--ctx-size", str(args.concurrency * args.slot_tokens),
         "--threads", str(threads), "--threads-batch", str(threads),
         "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0",
         "--repeat-penalty", "1.0",
     ]  # fmt: skip
-    with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"llama-server did not start:\n{log.read()[-3000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    time.sleep(0.2)
-            yield LlamaServerEndpoint(f"http://127.0.0.1:{port}/v1", name)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    binary = args.llama_venv / "llama.cpp" / "llama-server"
+    with running(binary, free_port(), arguments) as base_url:
+        yield LlamaServerEndpoint(base_url, name)
 
 
 # Run by .venv-llama's interpreter: llama-cpp-python, one chat completion at a time, in the

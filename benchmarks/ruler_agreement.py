@@ -202,32 +202,26 @@ def _length(rollout: list[dict[str, Any]]) -> int:
 async def judge_endpoint(
     arguments: argparse.Namespace,
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """The judge's LiteLLM name and parameters, served for as long as the block runs."""
-    if arguments.judge == "local":
-        with local_judge.serving(arguments.local_model, slots=arguments.concurrency) as served:
-            yield served.judge_model, served.params | {"temperature": 0.0}
-        return
-    if arguments.judge is not None:
-        params: dict[str, Any] = {"temperature": 0.0}
-        if arguments.judge_base_url:
-            params |= {"api_base": arguments.judge_base_url, "api_key": "local"}
-        yield arguments.judge, params
-        return
-    path = tempfile.mkdtemp(prefix="ruler-agreement-")
-    backend = art.LocalBackend(path=path, in_process=True)
-    model = art.TrainableModel(name="agreement", project="bench", base_model=BASE_MODEL)
-    await model.register(backend)
-    try:
-        yield (
-            f"openai/{BASE_MODEL}",
-            {
-                "base_url": model.inference_base_url,
-                "api_key": model.inference_api_key,
-                "temperature": 0.0,
-            },
+    """The judge's LiteLLM name and parameters, served for as long as the block runs (the
+    default model on a LocalBackend in this process where no judge is named)."""
+    backend = None
+    if arguments.judge is None:
+        backend = art.LocalBackend(
+            path=tempfile.mkdtemp(prefix="ruler-agreement-"), in_process=True
         )
+    try:
+        async with local_judge.judge_endpoint(
+            arguments.judge,
+            backend=backend,
+            base_model=BASE_MODEL,
+            local_model=arguments.local_model,
+            base_url=arguments.judge_base_url,
+            slots=arguments.concurrency,
+        ) as endpoint:
+            yield endpoint
     finally:
-        await backend.close()
+        if backend is not None:
+            await backend.close()
 
 
 async def main(arguments: argparse.Namespace) -> None:

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import random
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,33 +59,6 @@ class Run:
     @property
     def rise(self) -> float:
         return self.held_out[max(self.held_out)] - self.held_out[0]
-
-
-@contextlib.asynccontextmanager
-async def judge_endpoint(
-    arguments: argparse.Namespace, backend: LocalBackend
-) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    if arguments.judge == "local":
-        with local_judge.serving(arguments.local_model, slots=arguments.groups) as served:
-            yield served.judge_model, served.params | {"temperature": 0.0}
-        return
-    if arguments.judge is not None:
-        params: dict[str, Any] = {"temperature": 0.0}
-        if arguments.judge_base_url:
-            params |= {"api_base": arguments.judge_base_url, "api_key": "local"}
-        yield arguments.judge, params
-        return
-    # The base model, served by the backend under its own name beside the trained ones.
-    model = art.TrainableModel(name="judge", project="ruler-learns", base_model=BASE_MODEL)
-    await model.register(backend)
-    yield (
-        f"openai/{BASE_MODEL}",
-        {
-            "base_url": model.inference_base_url,
-            "api_key": model.inference_api_key,
-            "temperature": 0.0,
-        },
-    )
 
 
 async def train_one(
@@ -178,7 +149,14 @@ async def main(arguments: argparse.Namespace) -> None:
     runs = [Run(reward, seed) for seed in arguments.seeds for reward in arguments.rewards]
     started = time.monotonic()
     try:
-        async with judge_endpoint(arguments, backend) as (judge_model, params):
+        async with local_judge.judge_endpoint(
+            arguments.judge,
+            backend=backend,
+            base_model=BASE_MODEL,
+            local_model=arguments.local_model,
+            base_url=arguments.judge_base_url,
+            slots=arguments.groups,
+        ) as (judge_model, params):
             params["max_tokens"] = 160 * arguments.group_size + 160  # analysis, entries
             print(f"judge: {judge_model}", flush=True)
             for run in runs:

@@ -32,17 +32,19 @@ import argparse
 import contextlib
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: this folder's parent is benchmarks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.llama_server import free_port, running
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_SERVER = ROOT / ".venv-llama" / "llama.cpp" / "llama-server"
@@ -153,12 +155,6 @@ class Served:
     params: dict[str, str]  # `extra_litellm_params`: its address
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def serving(
     model: str = DEFAULT, port: int | None = None, slots: int = 1, context: int = 8192
@@ -168,36 +164,52 @@ def serving(
         raise SystemExit(f"no {LLAMA_SERVER}: `make venv-llama` builds it (10-20 minutes)")
     gguf = fetch(model)
     alias = MODELS[model].alias
-    port = port or _free_port()
     threads = len(os.sched_getaffinity(0))
-    command = [
-        str(LLAMA_SERVER), "--model", str(gguf), "--alias", alias,
-        "--host", "127.0.0.1", "--port", str(port),
+    arguments = [
+        "--model", str(gguf), "--alias", alias,
         "--parallel", str(slots), "--ctx-size", str(context * slots),
         "--threads", str(threads), "--threads-batch", str(threads),
     ]  # fmt: skip
-    with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"llama-server did not start:\n{log.read()[-3000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    time.sleep(0.2)
-            base = f"http://127.0.0.1:{port}/v1"
-            yield Served(f"openai/{alias}", {"api_base": base, "api_key": "local"})
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with running(LLAMA_SERVER, port or free_port(), arguments) as base_url:
+        yield Served(f"openai/{alias}", {"api_base": base_url, "api_key": "local"})
+
+
+@contextlib.asynccontextmanager
+async def judge_endpoint(
+    judge: str | None,
+    *,
+    backend: Any,
+    base_model: str,
+    local_model: str = DEFAULT,
+    base_url: str | None = None,
+    slots: int = 1,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The judge a benchmark's `--judge` names, as RULER's (judge_model, params), temperature
+    0, for as long as the block runs: "local" is this module's judge served; a LiteLLM name
+    is itself (at `base_url` if given); None is `base_model` as `backend` serves it."""
+    if judge == "local":
+        with serving(local_model, slots=slots) as served:
+            yield served.judge_model, served.params | {"temperature": 0.0}
+        return
+    if judge is not None:
+        params: dict[str, Any] = {"temperature": 0.0}
+        if base_url:
+            params |= {"api_base": base_url, "api_key": "local"}
+        yield judge, params
+        return
+    import art
+
+    # The base model, served by the backend under its own name beside any trained ones.
+    model = art.TrainableModel(name="judge", project="ruler-judge", base_model=base_model)
+    await model.register(backend)
+    yield (
+        f"openai/{base_model}",
+        {
+            "base_url": model.inference_base_url,
+            "api_key": model.inference_api_key,
+            "temperature": 0.0,
+        },
+    )
 
 
 def main() -> None:
