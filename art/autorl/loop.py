@@ -244,8 +244,7 @@ async def _load_or_generate_inputs(
     seed: int,
 ) -> GeneratedInputs:
     file = run_dir / "inputs.json"
-    if file.exists():
-        _check_same_task(run_dir, task_description)
+    if file.exists():  # written for this task: `train` checked it before the model loaded
         return GeneratedInputs.from_json(file.read_text(encoding="utf-8"))
     inputs = await generate_inputs(
         task_description,
