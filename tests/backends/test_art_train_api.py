@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROBE = [{"role": "user", "content": "Write one short sentence about cats."}]
 WORDS = ("apple", "river")
+EXTRA_WORDS = ("stone", "cloud", "lamp")
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +56,20 @@ async def gather_groups(
     model: art.TrainableModel,
     max_tokens: tuple[int, int, int] = (6, 6, 6),
     words: tuple[str, ...] = WORDS,
+    prompt_per_rollout: bool = False,
 ) -> list[art.TrajectoryGroup]:
     """A group of three rollouts per word (two by default) through the model's own client,
-    the i-th of each group rewarded i and at most `max_tokens[i]` tokens long."""
+    the i-th of each group rewarded i and at most `max_tokens[i]` tokens long.
+
+    `prompt_per_rollout`: the i-th rollout asks about `word` and the i-th word of
+    `EXTRA_WORDS`, so no two trained sequences of a group can be the same draw."""
     client = model.openai_client()
 
     async def rollout(word: str, index: int) -> art.Trajectory:
+        topic = f"{word} and {EXTRA_WORDS[index]}" if prompt_per_rollout else word
         trajectory = art.Trajectory(
             messages_and_choices=[
-                {"role": "user", "content": f"Write a long story about the word {word}."}
+                {"role": "user", "content": f"Write a long story about the word {topic}."}
             ]
         )
         completion = await client.chat.completions.create(
@@ -476,8 +482,11 @@ async def test_each_training_option_changes_the_step_it_is_given_to(
     models = art_path / "train-api" / "models"
     source = art.TrainableModel(name="effects-source", project="train-api", base_model=BASE)
     await source.register(backend)
-    # One group, sampled at step 0: each of the ~27 steps below trains on it.
-    stale = await gather_groups(source, words=WORDS[:1])
+    # One group, sampled at step 0: each of the ~27 steps below trains on it. Its rollouts
+    # have prompts of their own: CI drew the same six tokens for the rollouts rewarded 0
+    # and 2 of one prompt (2026-11-29), whose gradients then cancel exactly, and every
+    # option that only reweights them changed nothing.
+    stale = await gather_groups(source, words=WORDS[:1], prompt_per_rollout=True)
     await backend.train(source, await gather_groups(source), learning_rate=1e-3)
     count = iter(range(1000))
 
