@@ -131,9 +131,14 @@ async def test_a_config_the_cluster_cannot_hold_is_refused_before_anything_start
     await backend.close()
 
 
-async def test_requests_spread_over_both_replicas(model: art.TrainableModel) -> None:
+async def test_requests_spread_over_both_replicas(
+    model: art.TrainableModel, backend_path: Path
+) -> None:
     backend = model.backend()
     assert isinstance(backend, RayBackend)
+    # Each replica's engine logs under the backend's path, not a temporary directory.
+    logs = sorted(p.name for p in (backend_path / "logs").glob("ray-replica-*"))
+    assert [name.rsplit("-", 1)[1] for name in logs] == ["0", "1"], logs
     for status in replicas(backend):  # each replica chose and built its engine as LocalBackend
         assert status["engine"] == "transformers"  # this node has no CUDA
         assert status["merged"]  # merge_lora's default (on for a small CPU model) honoured

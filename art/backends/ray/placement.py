@@ -71,6 +71,7 @@ class RayPlacement:
                 spec.dtype,
                 spec.context_length,
                 spec.stop_token_ids,
+                str(spec.log_dir / f"ray-replica-{spec.index}-{index}"),  # per base, per replica
             )
             ray.get(handle.status.remote())  # type: ignore[attr-defined]  # loaded, or its error raised here
             return handle

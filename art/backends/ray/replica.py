@@ -42,6 +42,7 @@ class Replica:
         dtype: str,
         context_length: int,
         stop_token_ids: frozenset[int],
+        log_dir: str,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -58,7 +59,7 @@ class Replica:
             dtype=dtype,
             context_length=context_length,
             stop_token_ids=stop_token_ids,
-            log_dir=Path(tempfile.mkdtemp(prefix="art-replica-")),
+            log_dir=_log_dir(Path(log_dir)),
             index=self.index,
             max_loras=_MAX_LORAS,
         )
@@ -109,6 +110,17 @@ class Replica:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _log_dir(wanted: Path) -> Path:
+    """The backend's log directory on this node, where an engine's server log (vLLM's
+    `vllm-<index>.log`) is found beside the local engines'; a node that cannot write that
+    path (another machine of the cluster) logs to a temporary directory instead."""
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="art-replica-"))
 
 
 __all__ = ["Replica"]
