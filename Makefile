@@ -104,16 +104,13 @@ browser:
 
 # The whole suite. pytest prints its 25 slowest tests and the seconds of each module at the
 # end (tests/conftest.py); tests/DURATIONS.md records a clean run's, with the machine.
-# Three workers (pytest-xdist) on two cores, each module whole on one of them: much of the
-# suite waits on child processes, servers and imports that use one core (two workers kept
-# the CPU 146% busy of 200%; a third filled it at no cost to the other modules' seconds,
-# clean runs of 2026-11-29 on the 2-core EPYC), except a Ray cluster's: that runs solo.
-# What must not run twice at once
+# Two workers (pytest-xdist), each module whole on one of them: much of the suite waits on
+# child processes, servers and imports that use one core. What must not run twice at once
 # (a Ray cluster, a vLLM server) takes a lock (tests/helpers.py, one_at_a_time), and the
 # modules taking one lock run as one unit, the longest units first (tests/scheduling.py). Tests
 # marked `solo` run after them, alone, each saying in its mark why (only the modules that
 # name the mark are collected for that run: collecting the whole suite took 17 s).
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 pytest: venv venv-vllm venv-unsloth browser
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not solo"
 	$(BIN)/pytest -m solo -p no:cacheprovider $$(grep -rl --include='test_*.py' 'mark.solo' tests)

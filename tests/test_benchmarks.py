@@ -104,7 +104,6 @@ RUNS = [
         "ray_replicas",
         [],
         ["machine: ", "| RayBackend, 2 replicas |", "| **2 replicas / 1 replica** |"],
-        marks=pytest.mark.solo,  # a Ray cluster: alone, as tests/backends/test_ray_backend.py
         id="ray_replicas",
     ),
     pytest.param(

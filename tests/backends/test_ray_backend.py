@@ -28,11 +28,7 @@ from art.pipeline_trainer import PipelineTrainer
 from art.runtime import models
 from art.runtime.service.placement import TrainerSpec
 
-# Solo: a Ray cluster (GCS, raylet, two replicas, two trainer workers) beside two other
-# xdist workers ran 5-6x slower than beside one (this module 1,696 s against 268 s in
-# clean CI runs on this 2-core EPYC, 2026-11-29); alone after the parallel run it has
-# both cores.
-pytestmark = [pytest.mark.model, pytest.mark.solo]  # loads the default model
+pytestmark = pytest.mark.model  # loads the default model or starts a model service
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
