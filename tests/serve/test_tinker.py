@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from serve_server import BASE, KEY, Server
 
 from art.core.data.wandb_names import inference_name
+from art.runtime import models
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
@@ -83,6 +85,26 @@ def datums_for(
     return data
 
 
+# The dtype the server samples and scores in ('auto': bfloat16 on a CPU with native bf16).
+SERVED_DTYPE = models.torch_dtype("auto")
+
+
+def assert_scored_as_drawn(scored: list[float], drawn: list[float]) -> None:
+    """compute_logprobs gives the sampler's logprobs back: within 2e-3 in float32. In
+    bfloat16 the engine's decode steps and the trainer's forward each round differently
+    (on an AVX512-BF16 EPYC, 2026-11-30: each 0.03-0.07 a token on average from a float32
+    forward, 0.03-0.11 from each other, at most 0.41 on one token of 24 samples), so there
+    the mean difference is bounded: a token out of place or another model's weights moves
+    it by nats."""
+    assert len(scored) == len(drawn)
+    if SERVED_DTYPE is torch.float32:
+        assert scored == pytest.approx(drawn, abs=2e-3)
+        return
+    differences = [abs(a - b) for a, b in zip(scored, drawn, strict=True)]
+    assert sum(differences) / len(differences) < 0.15, (scored, drawn)
+    assert max(differences) < 1.0, (scored, drawn)
+
+
 def completion_logprob(sampler: Any, prompt: list[int], completion: list[int]) -> float:
     values = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + completion)).result()
     assert values[0] is None
@@ -114,7 +136,7 @@ def group_then_replay(server: Server, service: Any) -> None:
     # The sampler's logprobs are the checkpoint's own: compute_logprobs agrees with them.
     first = list(sequences[0].tokens)
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + first)).result()
-    assert scored[len(prompt) :] == pytest.approx(list(sequences[0].logprobs), abs=2e-3)
+    assert_scored_as_drawn(scored[len(prompt) :], list(sequences[0].logprobs))
 
     # One sample rewarded, the others not: advantages centred on the group's mean.
     rewards = [1.0] + [0.0] * 7
@@ -135,7 +157,7 @@ def group_then_replay(server: Server, service: Any) -> None:
     rescored = stepped.compute_logprobs(
         types.ModelInput.from_ints(prompt + list(drawn.tokens))
     ).result()
-    assert rescored[len(prompt) :] == pytest.approx(list(drawn.logprobs), abs=2e-3)
+    assert_scored_as_drawn(rescored[len(prompt) :], list(drawn.logprobs))
 
     # save_state, a step, then load_state: the same step again gives the same loss.
     saved = training.save_state("after-one").result().path
