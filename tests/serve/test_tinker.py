@@ -144,6 +144,12 @@ def group_then_replay(server: Server, service: Any) -> None:
     data = datums_for(prompt, sequences, [r - mean for r in rewards])
     before = completion_logprob(sampler, prompt, first)
 
+    # The base alone (the adapter's B starts at zero, so step 0 scores as the base does).
+    base = service.create_sampling_client(base_model=BASE).result()
+    assert completion_logprob(base, prompt, first) == pytest.approx(before, abs=1e-4)
+    drawn = base.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences
+    assert len(drawn) == 2 and all(0 < len(s.tokens) <= 12 for s in drawn)
+
     output = training.forward_backward(data, "importance_sampling").result()
     assert len(output.loss_fn_outputs) == 8
     assert math.isfinite(output.metrics["loss:sum"])
@@ -152,6 +158,7 @@ def group_then_replay(server: Server, service: Any) -> None:
     after = completion_logprob(stepped, prompt, first)
     assert after > before + 0.1, (before, after)
     assert completion_logprob(sampler, prompt, first) == pytest.approx(before, abs=1e-5)
+    assert completion_logprob(base, prompt, first) == pytest.approx(before, abs=1e-4)
     # The new weights' samples (the unembedding's adapter too) are scored as they were drawn.
     drawn = stepped.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
     rescored = stepped.compute_logprobs(
@@ -269,6 +276,8 @@ def bad_requests(service: Any) -> None:
         training.forward_backward([datum], "importance_sampling").result()
     with pytest.raises(tinker.BadRequestError, match=r"loss_fn_config\.epsilon"):
         training.forward_backward([datum], "ppo", {"epsilon": 0.1}).result()
+    with pytest.raises(tinker.BadRequestError, match="base_model: 'Qwen/Qwen3-8B' is not loaded"):
+        service.create_sampling_client(base_model="Qwen/Qwen3-8B").result()
     sampler = training.save_weights_and_get_sampling_client().result()
     with pytest.raises(tinker.BadRequestError, match="top_k"):
         sampler.sample(

@@ -586,6 +586,36 @@ class ModelService:
             self._registered(project, name), step, token_ids, self._torch
         )
 
+    def base_prompt_logprobs(self, base_model: str, token_ids: list[int]) -> list[float]:
+        """Each token's logprob after the first under the loaded base `base_model` alone
+        (its adapters off), scored by the trainer of a model on it."""
+        base = self._loaded_base(base_model)
+        on_it = [t for t in list(self._models.values()) if t.base is base]
+        if not on_it:
+            raise ConfigError(
+                "base_model",
+                f"{base_model!r} has no model on it left to score with",
+                "Create a training client (register a model) on it first",
+            )
+        return token_training.prompt_logprobs(on_it[0], None, token_ids, self._torch)
+
+    def base_stop_token_ids(self, base_model: str) -> set[int]:
+        """The tokens the engine ends a sequence of the loaded base `base_model` on."""
+        base = self._loaded_base(base_model)
+        return _stop_token_ids(base.model, base.tokenizer)
+
+    def _loaded_base(self, base_model: str) -> LoadedBase:
+        for base in list(self._bases.values()):
+            if base.name == base_model and base.engine is not None:
+                return base
+        loaded = ", ".join(repr(b.name) for b in self._bases.values()) or "none"
+        raise ConfigError(
+            "base_model",
+            f"{base_model!r} is not loaded here (loaded: {loaded}); a base loads with the "
+            "first model registered on it",
+            "Create a training client (register a model) on it first, or name a loaded one",
+        )
+
     def stop_token_ids(self, project: str, name: str) -> set[int]:
         """The tokens the engine ends a sequence on for the model."""
         base = self._registered(project, name).base

@@ -10,7 +10,8 @@ Served: sessions and heartbeats; LoRA training clients (`create_model`, from a s
 with `load_weights`); `forward`/`forward_backward` with the losses of
 `runtime.trainer.token_losses` (so `forward_backward_custom` too, which the SDK runs as two
 `cross_entropy` calls); `optim_step` (Adam); `save_weights`, `save_weights_for_sampler`,
-`load_weights`; sampling clients on a saved checkpoint; `asample` with prompt logprobs
+`load_weights`; sampling clients on a saved checkpoint or on a loaded base model alone
+(`base_model=`: a base loads with the first training client on it); `asample` with prompt logprobs
 (`compute_logprobs`); the REST listing of runs, checkpoints and sessions. Everything else
 is refused by name: a 400 on submit, or a failed future (`RequestFailedError`, category
 "user"). Not served: JWT exchange, image and dmel chunks, sparse tensors, top-k logprobs,
@@ -524,15 +525,25 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         principal = current()
         session = runs.open_session(field_of(data, "session_id", str), principal)
         path = field_of(data, "model_path", str, None)
-        if path is None:
-            raise ApiError(
-                400,
-                "model_path: sampling a base model alone is not served; create a training "
-                "client on it and sample its saved weights",
-                param="model_path",
-            )
-        run, step = runs.step_of(path, principal, "model_path")
         base_model = field_of(data, "base_model", str, None)
+        if path is None:
+            if base_model is None:
+                raise ApiError(400, "model_path: give it or a base_model", param="model_path")
+            # A base's weights are no tenant's: any key samples a base that is loaded.
+            await asyncio.to_thread(service.base_stop_token_ids, base_model)
+            return {
+                "type": "create_sampling_session",
+                "sampling_session_id": _new_sampler(
+                    runs,
+                    session,
+                    None,
+                    None,
+                    None,
+                    data.get("sampling_session_seq_id"),
+                    base_model=base_model,
+                ).id,
+            }
+        run, step = runs.step_of(path, principal, "model_path")
         if base_model not in (None, run.base_model):
             raise ApiError(
                 400,
@@ -556,7 +567,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
     async def asample(request: Request) -> dict[str, Any]:
         data = await body(request, "sample")
         sampler = _sampler(runs, field_of(data, "sampling_session_id", str), current())
-        run = await ready(sampler.run)
+        run = None if sampler.run is None else await ready(sampler.run)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             refuse_unless(not data.get(key), key, "top-k logprobs and alternatives")
         for key in ("target_prompt_logprobs", "prompt_logprobs_last_n", "base_model", "model_path"):
@@ -570,13 +581,21 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
         prompt = _prompt_tokens(field_of(data, "prompt", dict))
         want_prompt_logprobs = field_of(data, "prompt_logprobs", bool, False)
         sampling = field_of(data, "sampling_params", dict, {}) or {}
-        stops = await asyncio.to_thread(service.stop_token_ids, run.project, run.name)
+        if run is None:
+            stops = await asyncio.to_thread(service.base_stop_token_ids, sampler.base_model)
+            served = sampler.base_model
+        else:
+            stops = await asyncio.to_thread(service.stop_token_ids, run.project, run.name)
+            served = f"{run.project}/{run.name}@{sampler.step}"
         params = _sampling_params(sampling, stops)
 
+        def score(tokens: list[int]) -> list[float]:
+            if run is None:
+                return service.base_prompt_logprobs(sampler.base_model, tokens)
+            return service.prompt_logprobs(run.project, run.name, sampler.step, tokens)
+
         async def work() -> bytes:
-            route = await asyncio.to_thread(
-                service.route, f"{run.project}/{run.name}@{sampler.step}"
-            )
+            route = await asyncio.to_thread(service.route, served)
             try:
                 room = route.context_length - len(prompt)
                 if room < 1:
@@ -600,9 +619,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 route.release()
             scored = None
             if want_prompt_logprobs:
-                values = await asyncio.to_thread(
-                    service.prompt_logprobs, run.project, run.name, sampler.step, prompt
-                )
+                values = await asyncio.to_thread(score, prompt)
                 scored = [math.nan, *values]
             return sample_response(
                 [(s.token_ids, s.logprobs, s.finish_reason == "stop") for s in samples], scored
@@ -768,17 +785,25 @@ def _session_of(runs: TinkerRuns, run: Run, principal: Principal) -> Any:
 
 
 def _new_sampler(
-    runs: TinkerRuns, session: Any, run: Run, step: int, path: str | None, seq: Any
+    runs: TinkerRuns,
+    session: Any,
+    run: Run | None,
+    step: int | None,
+    path: str | None,
+    seq: Any,
+    *,
+    base_model: str | None = None,
 ) -> Sampler:
-    """A sampler of checkpoint `step`, named by the client's `sampling_session_seq_id`
-    (`seq`), or by the session's own count where it sent none."""
+    """A sampler of checkpoint `step` (of `base_model` alone where `run` is None), named
+    by the client's `sampling_session_seq_id` (`seq`), or by the session's own count where
+    it sent none."""
     number = (
         session.sampler_seq if seq is None else _whole(seq, "sampling_session_seq_id", minimum=0)
     )
     session.sampler_seq = max(session.sampler_seq, number) + 1
-    sampler = Sampler(
-        f"{session.id}:sample:{number}", session.project, run.base_model, run, step, path
-    )
+    base = run.base_model if run is not None else base_model
+    assert base is not None
+    sampler = Sampler(f"{session.id}:sample:{number}", session.project, base, run, step, path)
     runs.samplers[sampler.id] = sampler
     session.samplers.append(sampler.id)
     return sampler

@@ -68,13 +68,13 @@ class Run:
 
 @dataclass(frozen=True)
 class Sampler:
-    """A sampling session: a run's checkpoint."""
+    """A sampling session: a run's checkpoint, or a loaded base model alone (`run` None)."""
 
     id: str
     project: str
     base_model: str
-    run: Run
-    step: int
+    run: Run | None
+    step: int | None
     model_path: str | None
 
 
