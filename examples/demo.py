@@ -10,7 +10,7 @@ answered greedily before and after training, and a plot of reward per step is wr
 beside the run. A second start resumes the run from its last checkpoint; `--fresh`
 deletes it and starts over.
 
-    python examples/demo.py [--steps 24] [--path .art] [--fresh] [--engine vllm]
+    python examples/demo.py [--steps 24] [--path .art] [--fresh] [--engine vllm] [--held-out 32]
 
 `--engine` (or `ART_ENGINE`) picks the inference engine: `transformers` (the CPU default)
 or `vllm` (vLLM from `.venv-vllm`: `ART_ENGINE=vllm make demo` builds it first).
@@ -118,7 +118,12 @@ def plot(history_path: Path, start: int, before: float, after: float, target: Pa
 
 
 async def main(
-    steps: int, path: str, learning_rate: float, fresh: bool, engine: str | None
+    steps: int,
+    path: str,
+    learning_rate: float,
+    fresh: bool,
+    engine: str | None,
+    held_out_count: int = 32,
 ) -> None:
     started = time.monotonic()
     run_dir = Path(path) / "art-demo" / "models" / "arithmetic"
@@ -141,7 +146,7 @@ async def main(
     if start:
         print(f"resuming the run in {run_dir} at step {start} (--fresh starts over)")
 
-    held_out = questions(seed=1, count=32)
+    held_out = questions(seed=1, count=held_out_count)
     train_questions = questions(seed=2, count=256)
     before = await held_out_reward(model, held_out, "before")
     print(f"held-out reward before training: {before:.2f}")
@@ -180,6 +185,9 @@ if __name__ == "__main__":
     parser.add_argument("--path", default=".art", help="where the run is stored")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument(
+        "--held-out", type=int, default=32, help="held-out questions, answered before and after"
+    )
+    parser.add_argument(
         "--fresh", action="store_true", help="delete the previous run and start over"
     )
     parser.add_argument(
@@ -189,6 +197,8 @@ if __name__ == "__main__":
         help="inference engine (default: $ART_ENGINE, else vLLM on CUDA, else transformers)",
     )
     arguments = parser.parse_args()
+    if arguments.held_out < 1:
+        parser.error(f"--held-out must be at least 1, got {arguments.held_out}")
     asyncio.run(
         main(
             arguments.steps,
@@ -196,5 +206,6 @@ if __name__ == "__main__":
             arguments.learning_rate,
             arguments.fresh,
             arguments.engine,
+            arguments.held_out,
         )
     )
