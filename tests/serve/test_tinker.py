@@ -147,8 +147,9 @@ def group_then_replay(server: Server, service: Any) -> None:
     # The base alone (the adapter's B starts at zero, so step 0 scores as the base does).
     base = service.create_sampling_client(base_model=BASE).result()
     assert completion_logprob(base, prompt, first) == pytest.approx(before, abs=1e-4)
-    drawn = base.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences
-    assert len(drawn) == 2 and all(0 < len(s.tokens) <= 12 for s in drawn)
+    from_base = base.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences
+    assert len(from_base) == 2
+    assert all(0 < len(s.tokens) <= 12 for s in from_base)
 
     output = training.forward_backward(data, "importance_sampling").result()
     assert len(output.loss_fn_outputs) == 8
@@ -175,9 +176,11 @@ def group_then_replay(server: Server, service: Any) -> None:
     third = training.forward(data, "importance_sampling").result().metrics["loss:sum"]
     with pytest.warns(FutureWarning, match="load_state"):  # deprecated, still served
         training.load_state_with_optimizer(saved).result()
-    again = training.forward_backward(data, "importance_sampling").result()
-    assert again.metrics["loss:sum"] == second.metrics["loss:sum"]
-    training.optim_step(types.AdamParams(learning_rate=2e-3)).result()
+    # Pipelined as the SDK asks: the step submitted before the gradients are waited for.
+    again = training.forward_backward(data, "importance_sampling")
+    stepped_again = training.optim_step(types.AdamParams(learning_rate=2e-3))
+    assert again.result().metrics["loss:sum"] == second.metrics["loss:sum"]
+    stepped_again.result()
     assert training.forward(data, "importance_sampling").result().metrics["loss:sum"] == third
 
     # A new training client from the state starts where the first stood.
