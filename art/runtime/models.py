@@ -160,7 +160,10 @@ class CpuKernels:
     def describe(self) -> str:
         dtype = "bfloat16" if self.native_bf16 else "float32"
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
-        gemm = {"onednn": "oneDNN", "blas": "torch's BLAS"}[self.decode_gemm]
+        gemm = {
+            "onednn": "oneDNN, or torch's BLAS at 1-2 rows where it times clearly faster",
+            "blas": "torch's BLAS",
+        }[self.decode_gemm]
         return (
             f"art: CPU kernels {self.capability}, {bf16}: dtype 'auto' is {dtype} "
             "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels); "

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from art.core.data.dev import PeftArgs
+from art.runtime import models
 from art.runtime.engines.base import SamplingParams
-from art.runtime.engines.transformers import kv_cache, sampling
+from art.runtime.engines.transformers import kv_cache, lean_decode, sampling
 from art.runtime.engines.transformers.engine import TransformersEngine
 from art.runtime.engines.transformers.lean_decode import LeanDecoder
 from art.runtime.engines.transformers.merged import MergedCopy
@@ -352,6 +353,36 @@ def test_lean_decode_steps_give_transformers_logits(
                 assert torch.allclose(logits[row], full, atol=1e-4), (
                     (logits[row] - full).abs().max()
                 )
+
+
+@pytest.mark.skipif(not models.onednn_linear_available(), reason="this torch has no oneDNN linear")
+def test_a_row_split_gives_the_fewest_rows_to_blas_and_the_rest_to_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each side of the split is its library's own result, bit for bit, and both agree.
+    Unless `ART_DECODE_GEMM` names a library, the decoder times both on its weights and
+    splits only at the fewest rows (BLAS won at 1-2 rows on an Intel Xeon, nowhere on an
+    AMD EPYC): whichever it picks here, the logits tests above hold it to transformers."""
+    weight = torch.randn(96, 64)
+    bias = torch.randn(96)
+    split = lean_decode._RowSplitLinear(2)
+    for rows in (1, 2, 3, 5):
+        x = torch.randn(rows, 64)
+        got = split(x, weight, bias)
+        blas = torch.nn.functional.linear(x, weight, bias)
+        onednn = lean_decode._onednn_linear(x, weight, bias)
+        assert torch.equal(got, blas if rows <= 2 else onednn), rows
+        assert torch.allclose(blas, onednn, atol=1e-5)
+
+    monkeypatch.delenv("ART_DECODE_GEMM", raising=False)
+    chosen = lean_decode.linear_for(torch.float32, [weight, weight.T.contiguous()])
+    if models.cpu_kernels().decode_gemm == "onednn":
+        assert chosen is lean_decode._onednn_linear or (
+            isinstance(chosen, lean_decode._RowSplitLinear) and chosen.blas_rows in (1, 2)
+        )
+    monkeypatch.setenv("ART_DECODE_GEMM", "onednn")  # named: never timed, never split
+    assert lean_decode.linear_for(torch.float32, [weight]) is lean_decode._onednn_linear
+    assert lean_decode.linear_for(torch.bfloat16, [weight]) is torch.nn.functional.linear
 
 
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])

@@ -11,8 +11,12 @@ transformers model (which still runs prefill) and this step share every weight, 
 merge into the copy (`merged.py`) updates both.
 
 In float32 the step's matmuls go to oneDNN rather than torch's BLAS where torch has it
-(`models.cpu_kernels().decode_gemm`): at a decode step's few rows oneDNN streams the
-weights about twice as fast (the LM head most of all, at every batch size measured).
+(`models.cpu_kernels().decode_gemm`): on an AMD EPYC oneDNN streamed the weights about
+twice as fast at a decode step's few rows (the LM head most of all, at every batch size
+measured). Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (MKL) was
+1.4-1.7x faster at 1 and 2 rows and oneDNN 1.1-1.2x faster from 8 to 32. So unless
+`ART_DECODE_GEMM` names one, the decoder times both on its own weights at start-up and
+gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLinear`).
 
 Only the sampling copy (a plain model, no adapter wrappers, no grad) runs this, and only
 for the architectures whose decoder layer it reproduces exactly (`SUPPORTED`); anything
@@ -21,7 +25,10 @@ else decodes through transformers. The tests hold it to transformers' own forwar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +38,16 @@ import torch.nn.functional as F
 from ... import models
 from .kv_cache import GrowingLayer
 
+logger = logging.getLogger("art.engine")
+
 # model_type -> whether its q/k/v projections carry a bias (Qwen2's do, Llama's do not).
 SUPPORTED = {"llama": False, "qwen2": True}
+# Row counts at which BLAS may take a decode step's matmuls from oneDNN, and by how much it
+# must be faster there: a margin well over the timing's noise, so a busy machine does not
+# flip the choice (measured 1.4-1.7x where BLAS wins, at 1 and 2 rows; 1.1x at 4, left to
+# oneDNN: near the margin a choice could differ between two starts).
+_BLAS_ROW_CANDIDATES = (1, 2)
+_BLAS_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,10 @@ class LeanDecoder:
         self.norm = decoder.norm.weight
         self.head = model.get_output_embeddings()
         self.layers = [self._fuse(layer) for layer in decoder.layers]
-        self.linear = linear_for(self.norm.dtype)
+        first = self.layers[0]
+        self.linear = linear_for(
+            self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
+        )
 
     @classmethod
     def of(cls, model: Any) -> LeanDecoder | None:
@@ -142,12 +160,61 @@ class LeanDecoder:
         return self.linear(normed, self.head.weight, self.head.bias).float()
 
 
-def linear_for(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+def linear_for(
+    dtype: torch.dtype, weights: Sequence[torch.Tensor] = ()
+) -> Callable[..., torch.Tensor]:
     """The linear a decode step of weights in `dtype` multiplies with: oneDNN's in float32
-    where `models.cpu_kernels()` picks it, else `F.linear`."""
-    if dtype == torch.float32 and models.cpu_kernels().decode_gemm == "onednn":
+    where `models.cpu_kernels()` picks it, else `F.linear`. Where oneDNN was picked without
+    `ART_DECODE_GEMM` naming it and `weights` (a step's) are given, the rows at which BLAS
+    is clearly faster on them go to BLAS (`_RowSplitLinear`)."""
+    if dtype != torch.float32 or models.cpu_kernels().decode_gemm != "onednn":
+        return F.linear
+    if not weights or os.environ.get("ART_DECODE_GEMM", "").strip():
         return _onednn_linear
-    return F.linear
+    blas_rows = _rows_blas_wins(weights)
+    if not blas_rows:
+        return _onednn_linear
+    logger.info("float32 decode steps: torch's BLAS at up to %d rows, oneDNN above", blas_rows)
+    return _RowSplitLinear(blas_rows)
+
+
+class _RowSplitLinear:
+    """`F.linear` (torch's BLAS) for inputs of at most `blas_rows` rows, oneDNN's above."""
+
+    def __init__(self, blas_rows: int) -> None:
+        self.blas_rows = blas_rows
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if x.shape[0] <= self.blas_rows:
+            return F.linear(x, weight, bias)
+        return _onednn_linear(x, weight, bias)
+
+
+def _rows_blas_wins(weights: Sequence[torch.Tensor]) -> int:
+    """The most rows up to which torch's BLAS multiplies `weights` at least `_BLAS_MARGIN`
+    times as fast as oneDNN at every candidate row count (0: at none). Each library's best
+    of three passes over the weights; ~0.1 s for the default model."""
+
+    def best_seconds(linear: Callable[..., torch.Tensor], rows: int) -> float:
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+        best = float("inf")
+        with torch.no_grad():
+            for attempt in range(4):  # the first warms the kernels and caches, untimed
+                started = time.perf_counter()
+                for weight in weights:
+                    linear(inputs[weight.shape[1]], weight)
+                if attempt:
+                    best = min(best, time.perf_counter() - started)
+        return best
+
+    chosen = 0
+    for rows in _BLAS_ROW_CANDIDATES:
+        if best_seconds(_onednn_linear, rows) < _BLAS_MARGIN * best_seconds(F.linear, rows):
+            break
+        chosen = rows
+    return chosen
 
 
 def _onednn_linear(
