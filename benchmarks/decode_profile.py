@@ -12,7 +12,8 @@ OpenAI endpoint. Measured in one run:
 3. the floor: the matmuls of one decode step alone (every layer's fused q/k/v, o,
    gate/up and down projections at `--concurrency` rows, and the LM head), timed in a
    loop on the same weights through the library the engine multiplies with (in float32,
-   oneDNN where torch has it; torch's BLAS is timed beside it), as tokens/s. The ratio
+   oneDNN where torch has it, torch's BLAS at 1-2 rows where that times clearly faster;
+   torch's BLAS is timed beside it), as tokens/s. The ratio
    of (1) to it is how much of what this CPU's GEMM allows the engine reaches.
 
     python benchmarks/decode_profile.py            # ~2 minutes on 2 cores
@@ -110,6 +111,14 @@ def step_matmul_floor(
     return rows * repeats / elapsed
 
 
+def engine_linear(base_model: str) -> Any:
+    """The linear the engine's decode steps multiply with here: `LeanDecoder` picks it on
+    the model's own weights (in float32, oneDNN or BLAS by row count; see lean_decode.py)."""
+    model, _ = models.load(models.resolve(base_model), "auto")
+    decoder = lean_decode.LeanDecoder.of(model)
+    return decoder.linear if decoder is not None else F.linear
+
+
 async def measure(args: Any, seconds: float, profile: bool) -> tuple[float, Any]:
     with tempfile.TemporaryDirectory(prefix="art-decode-profile-") as path:
         backend = LocalBackend(path=path, in_process=True)
@@ -177,8 +186,8 @@ def main() -> None:
     plain, _ = asyncio.run(measure(args, args.seconds, profile=False))
     profiled, (prof, wall) = asyncio.run(measure(args, args.seconds, profile=True))
     # The floor multiplies as the engine's decode steps do; torch's BLAS is shown beside it.
-    linear = lean_decode.linear_for(dtype)
-    gemm = "blas" if linear is F.linear else "onednn"
+    linear = engine_linear(args.base_model)
+    gemm = lean_decode.gemm_name(linear)
     blas_floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats)
     floor = blas_floor
     if gemm != "blas":

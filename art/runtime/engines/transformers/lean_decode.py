@@ -178,6 +178,15 @@ def linear_for(
     return _RowSplitLinear(blas_rows)
 
 
+def gemm_name(linear: Callable[..., torch.Tensor]) -> str:
+    """What a linear `linear_for` gave multiplies with, in words."""
+    if linear is F.linear:
+        return "blas"
+    if isinstance(linear, _RowSplitLinear):
+        return f"blas at <= {linear.blas_rows} rows, onednn above"
+    return "onednn"
+
+
 class _RowSplitLinear:
     """`F.linear` (torch's BLAS) for inputs of at most `blas_rows` rows, oneDNN's above."""
 
@@ -251,4 +260,4 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-__all__ = ["SUPPORTED", "LeanDecoder", "linear_for"]
+__all__ = ["SUPPORTED", "LeanDecoder", "gemm_name", "linear_for"]
