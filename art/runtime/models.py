@@ -156,14 +156,14 @@ class CpuKernels:
     capability: str  # torch.backends.cpu.get_cpu_capability(): AVX2, AVX512, SVE256, DEFAULT...
     native_bf16: bool  # AVX512-BF16 or AMX under AVX512 kernels
     decode_gemm: str = "blas"  # one of DECODE_GEMMS
+    decode_gemm_named: bool = False  # ART_DECODE_GEMM chose it: no timing, no split by rows
 
     def describe(self) -> str:
         dtype = "bfloat16" if self.native_bf16 else "float32"
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
-        gemm = {
-            "onednn": "oneDNN, or torch's BLAS at 1-2 rows where it times clearly faster",
-            "blas": "torch's BLAS",
-        }[self.decode_gemm]
+        gemm = {"onednn": "oneDNN", "blas": "torch's BLAS"}[self.decode_gemm]
+        if self.decode_gemm == "onednn" and not self.decode_gemm_named:
+            gemm += ", or torch's BLAS at 1-2 rows where it times clearly faster"
         return (
             f"art: CPU kernels {self.capability}, {bf16}: dtype 'auto' is {dtype} "
             "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels); "
@@ -198,7 +198,7 @@ def cpu_kernels() -> CpuKernels:
             "Unset it, or set it to blas",
         )
     gemm = wanted or ("onednn" if onednn_linear_available() else "blas")
-    return CpuKernels(capability, native, gemm)
+    return CpuKernels(capability, native, gemm, decode_gemm_named=bool(wanted))
 
 
 def onednn_linear_available() -> bool:

@@ -61,6 +61,8 @@ def test_float32_decode_steps_multiply_with_onednn_said_and_overridable_by_name(
         "float32 decode steps multiply with oneDNN, or torch's BLAS at 1-2 rows where it "
         "times clearly faster (ART_DECODE_GEMM=onednn|blas)"
     ) in said
+    named = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="onednn").stderr
+    assert "float32 decode steps multiply with oneDNN (ART_DECODE_GEMM" in named  # no split
     blas = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="blas").stderr
     assert "float32 decode steps multiply with torch's BLAS" in blas
     with pytest.raises(subprocess.CalledProcessError) as refused:

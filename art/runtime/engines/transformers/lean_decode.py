@@ -26,7 +26,6 @@ else decodes through transformers. The tests hold it to transformers' own forwar
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,9 +166,10 @@ def linear_for(
     where `models.cpu_kernels()` picks it, else `F.linear`. Where oneDNN was picked without
     `ART_DECODE_GEMM` naming it and `weights` (a step's) are given, the rows at which BLAS
     is clearly faster on them go to BLAS (`_RowSplitLinear`)."""
-    if dtype != torch.float32 or models.cpu_kernels().decode_gemm != "onednn":
+    kernels = models.cpu_kernels()
+    if dtype != torch.float32 or kernels.decode_gemm != "onednn":
         return F.linear
-    if not weights or os.environ.get("ART_DECODE_GEMM", "").strip():
+    if not weights or kernels.decode_gemm_named:
         return _onednn_linear
     blas_rows = _rows_blas_wins(weights)
     if not blas_rows:
@@ -204,7 +204,7 @@ class _RowSplitLinear:
 def _rows_blas_wins(weights: Sequence[torch.Tensor]) -> int:
     """The most rows up to which torch's BLAS multiplies `weights` at least `_BLAS_MARGIN`
     times as fast as oneDNN at every candidate row count (0: at none). Each library's best
-    of three passes over the weights; ~0.1 s for the default model."""
+    of three passes over the weights; ~0.2 s for the default model."""
 
     def best_seconds(linear: Callable[..., torch.Tensor], rows: int) -> float:
         inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
