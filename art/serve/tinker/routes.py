@@ -448,7 +448,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                     "path": run.path("sampler_weights", name),
                 }
             sampler = _new_sampler(
-                runs, session, run, step, None, data.get("sampling_session_seq_id")
+                runs, session, run.base_model, run, step, None, data.get("sampling_session_seq_id")
             )
             return {
                 "type": "save_weights_for_sampler",
@@ -534,13 +534,7 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
             return {
                 "type": "create_sampling_session",
                 "sampling_session_id": _new_sampler(
-                    runs,
-                    session,
-                    None,
-                    None,
-                    None,
-                    data.get("sampling_session_seq_id"),
-                    base_model=base_model,
+                    runs, session, base_model, None, None, None, data.get("sampling_session_seq_id")
                 ).id,
             }
         run, step = runs.step_of(path, principal, "model_path")
@@ -551,7 +545,9 @@ def add_tinker_routes(app: FastAPI, server: ArtServer) -> TinkerRuns:
                 param="base_model",
             )
         await ready(run)
-        sampler = _new_sampler(runs, session, run, step, path, data.get("sampling_session_seq_id"))
+        sampler = _new_sampler(
+            runs, session, run.base_model, run, step, path, data.get("sampling_session_seq_id")
+        )
         return {"type": "create_sampling_session", "sampling_session_id": sampler.id}
 
     @app.get("/api/v1/samplers/{sampler_id}", include_in_schema=False)
@@ -787,23 +783,20 @@ def _session_of(runs: TinkerRuns, run: Run, principal: Principal) -> Any:
 def _new_sampler(
     runs: TinkerRuns,
     session: Any,
+    base_model: str,
     run: Run | None,
     step: int | None,
     path: str | None,
     seq: Any,
-    *,
-    base_model: str | None = None,
 ) -> Sampler:
-    """A sampler of checkpoint `step` (of `base_model` alone where `run` is None), named
-    by the client's `sampling_session_seq_id` (`seq`), or by the session's own count where
-    it sent none."""
+    """A sampler of `run`'s checkpoint `step` (of `base_model` alone where `run` is None),
+    named by the client's `sampling_session_seq_id` (`seq`), or by the session's own count
+    where it sent none."""
     number = (
         session.sampler_seq if seq is None else _whole(seq, "sampling_session_seq_id", minimum=0)
     )
     session.sampler_seq = max(session.sampler_seq, number) + 1
-    base = run.base_model if run is not None else base_model
-    assert base is not None
-    sampler = Sampler(f"{session.id}:sample:{number}", session.project, base, run, step, path)
+    sampler = Sampler(f"{session.id}:sample:{number}", session.project, base_model, run, step, path)
     runs.samplers[sampler.id] = sampler
     session.samplers.append(sampler.id)
     return sampler
