@@ -13,11 +13,14 @@ Scorers, on the same pairs:
   JSON schema: the control that tells the judge's skill from RULER's way of asking;
 - a random scorer (mean of 1000 draws, 0.5 expected) and "shorter is better".
 
+Both judge scorers grade by RULER's default rubric, or with `--rubric task` by each task
+set's own (`support/ruler_groups.py`: the task's preferences in words, no answers in them).
+
 The judge: `--judge local` is `support/local_judge.py`'s Qwen2.5 Coder 1.5B on llama.cpp
 (`make judge`); `--judge MODEL` any LiteLLM model (`--judge-base-url` for an
 OpenAI-compatible endpoint); none, the default model on a LocalBackend in this process.
 
-    python benchmarks/ruler_agreement.py --judge local [--show]
+    python benchmarks/ruler_agreement.py --judge local [--rubric task] [--show]
     python benchmarks/ruler_agreement.py --quick    # a smoke setting: 1 group of 2 of each, offline
 """
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import os
 import random
@@ -41,49 +43,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from support import local_judge
+from support.agreement import accuracy_and_interval, pairwise_agreement
 from support.machine import machine
-from support.ruler_groups import ScoredGroup, arithmetic_groups, tool_groups
+from support.ruler_groups import (
+    ARITHMETIC_RUBRIC,
+    TOOL_RUBRIC,
+    ScoredGroup,
+    arithmetic_groups,
+    tool_groups,
+)
 
 import art
 from art.ruler.judge import judge as ruler_judge
 from art.ruler.prompt import DEFAULT_RUBRIC, render_message
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def pairwise_agreement(true: Sequence[float], predicted: Sequence[float]) -> tuple[float, int]:
-    """Credit summed over the pairs whose true scores differ, and how many such pairs."""
-    credit, pairs = 0.0, 0
-    for i, j in itertools.combinations(range(len(true)), 2):
-        if true[i] == true[j]:
-            continue
-        pairs += 1
-        if predicted[i] == predicted[j]:
-            credit += 0.5
-        elif (predicted[i] > predicted[j]) == (true[i] > true[j]):
-            credit += 1.0
-    return credit, pairs
-
-
-def accuracy_and_interval(
-    per_group: Sequence[tuple[float, int]], draws: int = 2000, seed: int = 0
-) -> tuple[float, float, float, int]:
-    """Pairwise accuracy over all groups, its 95% bootstrap interval (groups resampled,
-    since the pairs of one group are not independent of each other), and the pairs."""
-    credit = sum(c for c, _ in per_group)
-    pairs = sum(p for _, p in per_group)
-    if not pairs:
-        return float("nan"), float("nan"), float("nan"), 0
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(draws):
-        chosen = [per_group[rng.randrange(len(per_group))] for _ in per_group]
-        n = sum(p for _, p in chosen)
-        if n:
-            samples.append(sum(c for c, _ in chosen) / n)
-    samples.sort()
-    low, high = samples[int(0.025 * len(samples))], samples[int(0.975 * len(samples)) - 1]
-    return credit / pairs, low, high, pairs
 
 
 @dataclass
@@ -97,7 +71,11 @@ class Judged:
 
 
 async def ruler_scores(
-    groups: Sequence[ScoredGroup], judge_model: str, params: dict[str, Any], concurrency: int
+    groups: Sequence[ScoredGroup],
+    judge_model: str,
+    params: dict[str, Any],
+    concurrency: int,
+    rubric: str,
 ) -> Judged:
     limit = asyncio.Semaphore(concurrency)
     judged = Judged()
@@ -106,7 +84,7 @@ async def ruler_scores(
         async with limit:
             try:
                 done = await ruler_judge(
-                    group.rollouts, judge_model, params, DEFAULT_RUBRIC,
+                    group.rollouts, judge_model, params, rubric,
                     tools=group.tools, cache=False, debug=False,
                 )  # fmt: skip
             except art.JudgeError as error:
@@ -150,14 +128,18 @@ _POINTWISE_SCHEMA = {
 
 
 async def pointwise_scores(
-    groups: Sequence[ScoredGroup], judge_model: str, params: dict[str, Any], concurrency: int
+    groups: Sequence[ScoredGroup],
+    judge_model: str,
+    params: dict[str, Any],
+    concurrency: int,
+    rubric: str,
 ) -> Judged:
     """The control: the same judge asked about each rollout alone."""
     import litellm
 
     limit = asyncio.Semaphore(concurrency)
     judged = Judged()
-    system = _POINTWISE.format(rubric=DEFAULT_RUBRIC)
+    system = _POINTWISE.format(rubric=rubric)
 
     async def one(rollout: list[dict[str, Any]], tools: Any) -> tuple[float | None, float]:
         shown = "\n\n".join(render_message(m) for m in rollout)  # type: ignore[arg-type]
@@ -232,17 +214,27 @@ async def main(arguments: argparse.Namespace) -> None:
     task_sets = {
         name: [group.first(arguments.rollouts) for group in groups]
         for name, groups in task_sets.items()
+        if groups
     }
+    rubrics = {
+        "arithmetic (the demo's task)": ARITHMETIC_RUBRIC,
+        "tool use (weather, orders, currency)": TOOL_RUBRIC,
+    }
+    if arguments.rubric == "default":
+        rubrics = dict.fromkeys(rubrics, DEFAULT_RUBRIC)
     print(f"machine: {machine()}", flush=True)
     async with judge_endpoint(arguments) as (judge_model, params):
         params["max_tokens"] = 160 * arguments.rollouts + 160  # the analysis, then entries
         print(f"judge: {judge_model}", flush=True)
         results: dict[str, dict[str, Judged]] = {}
         for name, groups in task_sets.items():
+            rubric = rubrics[name]
             results[name] = {
-                "RULER": await ruler_scores(groups, judge_model, params, arguments.concurrency),
+                "RULER": await ruler_scores(
+                    groups, judge_model, params, arguments.concurrency, rubric
+                ),
                 "pointwise (same judge)": await pointwise_scores(
-                    groups, judge_model, params, arguments.concurrency
+                    groups, judge_model, params, arguments.concurrency, rubric
                 ),
             }
             print(f"  {name}: judged", flush=True)
@@ -257,7 +249,10 @@ async def main(arguments: argparse.Namespace) -> None:
             ),
             "shorter is better": lambda i, g: [-_length(r) for r in g.rollouts],
         }
-        print(f"\n### {name}: {len(groups)} groups of {arguments.rollouts}, hand-scored\n")
+        print(
+            f"\n### {name}: {len(groups)} groups of {arguments.rollouts}, hand-scored; "
+            f"{arguments.rubric} rubric\n"
+        )
         print("| scorer | pairwise accuracy | 95% interval | pairs | groups failed |")
         print("|---|---:|---:|---:|---:|")
         accuracy: dict[str, float] = {}
@@ -314,6 +309,12 @@ if __name__ == "__main__":
     )
     parser.add_argument("--judge-base-url", default=None, help="an OpenAI-compatible endpoint")
     parser.add_argument("--concurrency", type=int, default=1, help="judge calls at once")
+    parser.add_argument(
+        "--rubric",
+        choices=["default", "task"],
+        default="default",
+        help="RULER's default rubric, or each task set's preferences in words (no answers)",
+    )
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--show", action="store_true", help="print each group's judge answers")
     parser.add_argument(

@@ -1,17 +1,21 @@
 """Does a zero-label RULER run learn? The demo's task trained with RULER as the only reward,
-beside the same run trained on the hand-written reward, scored by hand on held-out questions.
+beside the same run trained on the hand-written reward and a control trained on coin
+flips, all scored by hand on held-out questions.
 
 Each run trains the default model from its base on `examples/demo.py`'s additions (its
 system prompt, training and held-out questions), `--groups` questions x `--group-size`
-rollouts a step. The reward of a step is either RULER's score of each group
-(`ruler_score_group` as the gather's `after_each`, the default rubric, no labels) or the
-demo's hand reward (1.0 the bare correct number, 0.5 the correct number among other text).
-Every run is scored the same way: the hand reward of its greedy answers to the demo's 32
-held-out questions (`--held-out`), before training and every `--eval-every` steps. Each
-seed draws other training questions; sampling differs between runs as well, so the spread
-over seeds is the noise a rise has to clear.
+rollouts a step. The reward of a step is RULER's score of each group (`ruler_score_group`
+as the gather's `after_each`, no labels; by RULER's default rubric, or with `--rubric task`
+by one that states the task's preferences in words), the demo's hand reward (1.0 the
+bare correct number, 0.5 the correct number among other text), or a uniform random number
+(the control: what a rise has to beat, since any GRPO step moves the model). Every run is
+scored the same way: the hand reward of its greedy answers to the demo's 32 held-out
+questions (`--held-out`), before training and every `--eval-every` steps. Each seed draws
+other training questions; sampling differs between runs as well, so the spread over seeds
+is the noise a rise has to clear. A RULER run also reports how often its judge ordered a
+pair of its own rollouts the way their hand reward does.
 
-    python benchmarks/ruler_learns.py --judge local [--steps 8] [--seeds 0 1]
+    python benchmarks/ruler_learns.py --judge local [--seeds 0 1 2] [--rubric task] [--show 4]
     python benchmarks/ruler_learns.py --quick    # a smoke setting: 1 step, the default model judging
 
 The judge: as `ruler_agreement.py` (`--judge local` is Qwen2.5 Coder 1.5B on llama.cpp,
@@ -27,6 +31,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,27 +39,33 @@ from typing import Any
 os.environ.setdefault("TQDM_DISABLE", "1")  # the held-out bars of every run drown the table
 
 from support import local_judge
+from support.agreement import accuracy_and_interval, pairwise_agreement
 from support.demo import demo_module
 from support.machine import machine
+from support.ruler_groups import ARITHMETIC_RUBRIC
 
 import art
 from art.local import LocalBackend
-from art.rewards import ruler_score_group
+from art.rewards import DEFAULT_RUBRIC, ruler_score_group
 
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# "task": the task's preferences in words, as a user who knows it writes them (no answers).
+RUBRICS = {"default": DEFAULT_RUBRIC, "task": ARITHMETIC_RUBRIC}
 
 
 @dataclass
 class Run:
     """One training run and its held-out hand reward by step."""
 
-    reward: str  # "RULER" or "hand"
+    reward: str  # "RULER", "hand" or "random"
     seed: int
     held_out: dict[int, float] = field(default_factory=dict)
     judge_seconds: float = 0.0
     seconds: float = 0.0
     groups_told_apart: int = 0
     groups: int = 0
+    # Per judged group: RULER's pairwise agreement with the hand reward of the same rollouts.
+    agreement: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def rise(self) -> float:
@@ -81,14 +92,41 @@ async def train_one(
     async def judge(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
         began = time.monotonic()
         judged = await ruler_score_group(
-            group, judge_model, judge_params, swallow_exceptions=True, cache=False
+            group,
+            judge_model,
+            judge_params,
+            RUBRICS[arguments.rubric],
+            swallow_exceptions=True,
+            cache=False,
         )
         run.judge_seconds += time.monotonic() - began
         run.groups += 1
-        if judged is not None and len({t.reward for t in judged}) > 1:
+        if judged is None:
+            return None
+        if len({t.reward for t in judged}) > 1:
             run.groups_told_apart += 1
+        hand = [float(t.metrics["independent_reward"]) for t in judged]
+        run.agreement.append(pairwise_agreement(hand, [t.reward for t in judged]))
+        if run.groups <= arguments.show:
+            print(f"  group {run.groups}: {judged.trajectories[0].metadata['question']}")
+            for trajectory, reward in zip(judged, hand, strict=True):
+                answer = trajectory.messages()[-1].get("content")
+                print(f"    hand {reward:.1f} RULER {trajectory.reward:.2f} {answer!r}")
         return judged
 
+    # The control: a reward that says nothing, so whatever a run of it rises by is drift.
+    coin = random.Random(1_000 + run.seed)
+
+    async def draw(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+        for trajectory in group:
+            trajectory.reward = coin.random()
+        return group
+
+    scorers: dict[str, Callable[[art.TrajectoryGroup], Awaitable[Any]] | None] = {
+        "RULER": judge,
+        "random": draw,
+        "hand": None,  # the rollout's own reward
+    }
     rng = random.Random(run.seed)
     for step in range(arguments.steps):
         batch = rng.sample(train_questions, arguments.groups)
@@ -98,7 +136,7 @@ async def train_one(
                 for q in batch
             ),
             pbar_desc=None,
-            after_each=judge if run.reward == "RULER" else None,
+            after_each=scorers[run.reward],
         )
         if groups:
             config = art.TrainConfig(learning_rate=arguments.learning_rate)
@@ -121,11 +159,12 @@ def plot(runs: list[Run], target: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 3.8))
-    colours = {"RULER": "tab:blue", "hand": "tab:orange"}
+    colours = {"RULER": "tab:blue", "hand": "tab:orange", "random": "tab:gray"}
+    names = {"RULER": "RULER reward", "hand": "hand reward", "random": "coin flips (control)"}
     labelled: set[str] = set()
     for run in runs:
         steps = sorted(run.held_out)
-        label = None if run.reward in labelled else f"{run.reward} reward"
+        label = None if run.reward in labelled else names[run.reward]
         labelled.add(run.reward)
         axes.plot(
             steps,
@@ -165,20 +204,25 @@ async def main(arguments: argparse.Namespace) -> None:
         await backend.close()
     print(
         f"\n{arguments.steps} steps of {arguments.groups} questions x {arguments.group_size} "
-        f"rollouts, learning rate {arguments.learning_rate}; {time.monotonic() - started:.0f}s "
-        "in all\n"
+        f"rollouts, learning rate {arguments.learning_rate}, RULER's rubric: "
+        f"{arguments.rubric}; {time.monotonic() - started:.0f}s in all\n"
     )
     print(
         "| reward | seed | held-out before | after | rise | run s | judge s, calls summed "
-        "| groups told apart |"
+        "| groups told apart | RULER vs hand on the run's groups (95%, pairs) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for run in runs:
         last = run.held_out[max(run.held_out)]
-        apart = f"{run.groups_told_apart}/{run.groups}" if run.reward == "RULER" else ""
+        apart = agreement = ""
+        if run.reward == "RULER":
+            apart = f"{run.groups_told_apart}/{run.groups}"
+            value, low, high, pairs = accuracy_and_interval(run.agreement)
+            agreement = f"{value:.3f} ({low:.2f}-{high:.2f}, {pairs})" if pairs else "no pairs"
         print(
             f"| {run.reward} | {run.seed} | {run.held_out[0]:.2f} | {last:.2f} | "
-            f"{run.rise:+.2f} | {run.seconds:.0f} | {run.judge_seconds:.0f} | {apart} |"
+            f"{run.rise:+.2f} | {run.seconds:.0f} | {run.judge_seconds:.0f} | {apart} "
+            f"| {agreement} |"
         )
     for reward in arguments.rewards:
         rises = [run.rise for run in runs if run.reward == reward]
@@ -203,13 +247,26 @@ if __name__ == "__main__":
     parser.add_argument("--held-out", type=int, default=32, help="the demo's held-out questions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument(
-        "--rewards", nargs="+", choices=["RULER", "hand"], default=["RULER", "hand"]
+        "--rewards",
+        nargs="+",
+        choices=["RULER", "hand", "random"],
+        default=["RULER", "hand", "random"],
+        help="random: uniform rewards that say nothing, the drift a rise has to clear",
     )
     parser.add_argument("--judge", default=None, help="'local', a LiteLLM model, or none")
     parser.add_argument(
         "--local-model", choices=sorted(local_judge.MODELS), default=local_judge.DEFAULT
     )
     parser.add_argument("--judge-base-url", default=None)
+    parser.add_argument(
+        "--rubric",
+        choices=sorted(RUBRICS),
+        default="default",
+        help="RULER's rubric: its default, or the task's preferences in words (no answers)",
+    )
+    parser.add_argument(
+        "--show", type=int, default=0, help="print the first N judged groups of each RULER run"
+    )
     parser.add_argument("--plot", default=None, help="write held-out reward per step here")
     parser.add_argument(
         "--quick", action="store_true", help="1 step, 1 seed, 1 question x 2, 4 held out"

@@ -108,12 +108,12 @@ RUNS = [
     ),
     pytest.param(
         "ruler_agreement",
-        [],
+        ["--rubric", "task"],
         [
             "machine: ",
             "judge: openai/",
-            "### arithmetic (the demo's task): 1 groups of 2, hand-scored",
-            "### tool use (weather, orders, currency): 1 groups of 2, hand-scored",
+            "### arithmetic (the demo's task): 1 groups of 2, hand-scored; task rubric",
+            "### tool use (weather, orders, currency): 1 groups of 2, hand-scored; task rubric",
             "| RULER |",
             "| pointwise (same judge) |",
             "RULER / random scorer: ",
@@ -122,8 +122,16 @@ RUNS = [
     ),
     pytest.param(
         "ruler_learns",
-        [],
-        ["machine: ", "judge: openai/", "| RULER | 0 |", "| hand | 0 |", "RULER: mean rise "],
+        ["--rubric", "task"],
+        [
+            "machine: ",
+            "judge: openai/",
+            "RULER's rubric: task",
+            "| RULER | 0 |",
+            "| hand | 0 |",
+            "| random | 0 |",
+            "RULER: mean rise ",
+        ],
         id="ruler_learns",
     ),
     pytest.param(

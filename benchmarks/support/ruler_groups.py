@@ -24,6 +24,21 @@ from .demo import demo_module
 
 Message = dict[str, Any]
 
+# Task rubrics: what a user who knows the task would write, its preferences in words with
+# no answers in them. The judge still has to work out what is right in each group; the
+# hand scores pay for the same things.
+ARITHMETIC_RUBRIC = """\
+- The reply must give the correct sum of the two numbers asked about: work the sum out
+  yourself and check each reply against it. A reply without the correct sum scores 0.
+- The system prompt asks for the number only: a reply that is just the correct number
+  scores 1; the correct number among other words scores about 0.5."""
+TOOL_RUBRIC = """\
+- The final answer must report what the tool returned for what the user asked, with the
+  same figures: check each figure of the answer against that trajectory's own tool
+  results. An answer whose figures differ from them, or one given without calling the
+  tool, scores 0.2 at most.
+- Between two correct answers, the one that took fewer tool calls scores higher."""
+
 
 @dataclass(frozen=True)
 class ScoredGroup:
@@ -279,4 +294,4 @@ def tool_groups(count: int, seed: int = 12) -> list[ScoredGroup]:
     return groups
 
 
-__all__ = ["ScoredGroup", "arithmetic_groups", "tool_groups"]
+__all__ = ["ARITHMETIC_RUBRIC", "TOOL_RUBRIC", "ScoredGroup", "arithmetic_groups", "tool_groups"]
