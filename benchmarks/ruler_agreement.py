@@ -207,21 +207,23 @@ async def judge_endpoint(
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    task_sets = {
-        "arithmetic (the demo's task)": arithmetic_groups(arguments.arithmetic_groups),
-        "tool use (weather, orders, currency)": tool_groups(arguments.tool_groups),
+    # Each task set's groups and the rubric they are graded by.
+    made = {
+        "arithmetic (the demo's task)": (
+            arithmetic_groups(arguments.arithmetic_groups),
+            ARITHMETIC_RUBRIC,
+        ),
+        "tool use (weather, orders, currency)": (tool_groups(arguments.tool_groups), TOOL_RUBRIC),
     }
     task_sets = {
         name: [group.first(arguments.rollouts) for group in groups]
-        for name, groups in task_sets.items()
+        for name, (groups, _) in made.items()
         if groups
     }
     rubrics = {
-        "arithmetic (the demo's task)": ARITHMETIC_RUBRIC,
-        "tool use (weather, orders, currency)": TOOL_RUBRIC,
+        name: DEFAULT_RUBRIC if arguments.rubric == "default" else rubric
+        for name, (_, rubric) in made.items()
     }
-    if arguments.rubric == "default":
-        rubrics = dict.fromkeys(rubrics, DEFAULT_RUBRIC)
     print(f"machine: {machine()}", flush=True)
     async with judge_endpoint(arguments) as (judge_model, params):
         params["max_tokens"] = 160 * arguments.rollouts + 160  # the analysis, then entries
