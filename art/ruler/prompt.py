@@ -2,7 +2,8 @@
 
 The judge sees the context the trajectories share once, then what each one did after
 it under its id, the tools the agent had and the rubric; it answers with an analysis of
-what a correct result is, then one `{trajectory_id, explanation, score}` per trajectory.
+what a correct result is, then one `{trajectory_id, reply, explanation, score}` per
+trajectory, where `reply` quotes that trajectory's final reply.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ task from the trajectories' own system and user messages."""
 
 # Keeps a small judge from rambling; a sentence or two is all an explanation needs.
 EXPLANATION_MAX_CHARS = 120
+# The start of a trajectory's final reply, quoted before it is scored (see `response_format`).
+REPLY_MAX_CHARS = 120
 # Room to state what a correct result is before any score (see `response_format`).
 ANALYSIS_MAX_CHARS = 300
 
@@ -40,10 +43,12 @@ Grade by this rubric:
 {rubric}
 
 Answer with JSON only: {{"analysis": ..., "scores": [{{"trajectory_id": ..., \
-"explanation": ..., "score": ...}}, ...]}}. Start with the analysis: in a sentence or two, \
-what a correct result of the task is (work it out yourself where you can: compute the \
-answer, read what the tools returned). Then score each trajectory against it: exactly one \
-entry for each trajectory id ({ids}), each with a short explanation of its score."""
+"reply": ..., "explanation": ..., "score": ...}}, ...]}}. Start with the analysis: in a \
+sentence or two, what a correct result of the task is (work it out yourself where you \
+can: compute the answer, read what the tools returned). Then exactly one entry for each \
+trajectory id ({ids}), in order: copy that trajectory's final reply word for word into \
+"reply" (its start, if it is long), say in "explanation" how it compares with the correct \
+result, then score it."""
 
 
 def trajectory_ids(count: int) -> list[str]:
@@ -129,7 +134,11 @@ def response_format(count: int) -> dict[str, Any]:
     The analysis comes first so that the judge works out what a correct result is before
     it writes any score: a score decoded first is a guess the explanation then defends
     (Qwen2.5 Coder 1.5B on 8 hand-scored groups of the demo's arithmetic, 35 pairs: 0.54
-    pairwise accuracy without it, 0.77 with it; `benchmarks/RESULTS.md`). Entry `i` must carry id `i`, so an engine that
+    pairwise accuracy without it, 0.77 with it; `benchmarks/RESULTS.md`). Each entry then
+    quotes its trajectory's final reply before explaining and scoring it: without the
+    quote the same judge wrote one explanation and copied it to every trajectory, whatever
+    each one said (task rubrics, pairwise accuracy: arithmetic 0.59 without, 0.75 with;
+    tool use 0.49 without, 0.59 with). Entry `i` must carry id `i`, so an engine that
     decodes under the schema cannot leave an id out, repeat one or invent one; providers
     that ignore the schema are caught by the check of the answer, which reads `scores`
     alone.
@@ -141,11 +150,12 @@ def response_format(count: int) -> dict[str, Any]:
             "type": "object",
             "properties": {
                 "trajectory_id": id_schema,
+                "reply": {"type": "string", "maxLength": REPLY_MAX_CHARS},
                 "explanation": {"type": "string", "maxLength": EXPLANATION_MAX_CHARS},
                 # Steps of 0.01 also stop a small model decoding digits without end.
                 "score": {"type": "number", "minimum": 0, "maximum": 1, "multipleOf": 0.01},
             },
-            "required": ["trajectory_id", "explanation", "score"],
+            "required": ["trajectory_id", "reply", "explanation", "score"],
             "additionalProperties": False,
         }
 

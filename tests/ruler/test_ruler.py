@@ -43,7 +43,13 @@ def answer(*entries: tuple[str, float]) -> str:
     return json.dumps(
         {
             "scores": [
-                {"trajectory_id": i, "explanation": f"judged {i}", "score": s} for i, s in entries
+                {
+                    "trajectory_id": i,
+                    "reply": f"reply {i}",
+                    "explanation": f"judged {i}",
+                    "score": s,
+                }
+                for i, s in entries
             ]
         }
     )
@@ -89,11 +95,16 @@ def test_the_schema_admits_one_score_per_id_and_nothing_else() -> None:
     good = analysed | json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0)))
     jsonschema.validate(good, schema)
     assert list(schema["properties"]) == ["analysis", "scores"], "the analysis comes first"
+    entry = schema["properties"]["scores"]["prefixItems"][0]["properties"]
+    assert list(entry) == ["trajectory_id", "reply", "explanation", "score"], (
+        "each entry quotes its trajectory's reply before it explains and scores it"
+    )
     for bad in [
         answer(("1", 0.9), ("2", 0.5)),  # too few
         answer(("1", 0.9), ("1", 0.5), ("3", 0.1)),  # a repeated id
         answer(("1", 0.9), ("2", 0.5), ("4", 0.1)),  # an unknown id
         answer(("1", 0.9), ("2", 1.5), ("3", 0.1)),  # a score above 1
+        answer(("1", 0.9), ("2", 0.5), ("3", 0.1)).replace('"reply": "reply 2", ', ""),
     ]:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(analysed | json.loads(bad), schema)
