@@ -32,6 +32,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,14 +189,20 @@ async def main(arguments: argparse.Namespace) -> None:
     runs = [Run(reward, seed) for seed in arguments.seeds for reward in arguments.rewards]
     started = time.monotonic()
     try:
-        async with local_judge.judge_endpoint(
-            arguments.judge,
-            backend=backend,
-            base_model=BASE_MODEL,
-            local_model=arguments.local_model,
-            base_url=arguments.judge_base_url,
-            slots=arguments.groups,
-        ) as (judge_model, params):
+        # Runs rewarded by hand or by coin flips alone need no judge served.
+        endpoint: AbstractAsyncContextManager[tuple[str, dict[str, Any]]] = (
+            local_judge.judge_endpoint(
+                arguments.judge,
+                backend=backend,
+                base_model=BASE_MODEL,
+                local_model=arguments.local_model,
+                base_url=arguments.judge_base_url,
+                slots=arguments.groups,
+            )
+            if "RULER" in arguments.rewards
+            else nullcontext(("none (no run is rewarded by RULER)", {}))
+        )
+        async with endpoint as (judge_model, params):
             params["max_tokens"] = 160 * arguments.group_size + 160  # analysis, entries
             print(f"judge: {judge_model}", flush=True)
             for run in runs:
