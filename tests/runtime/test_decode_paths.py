@@ -382,7 +382,55 @@ def test_a_row_split_gives_the_fewest_rows_to_blas_and_the_rest_to_onednn(
         )
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")  # named: never timed, never split
     assert lean_decode.linear_for(torch.float32, [weight]) is lean_decode._onednn_linear
-    assert lean_decode.linear_for(torch.bfloat16, [weight]) is torch.nn.functional.linear
+    # The setting is float32's; bfloat16 steps take their own linear whatever it says.
+    assert lean_decode.linear_for(torch.bfloat16, [weight]) is lean_decode._bf16_linear
+
+
+# The default model's matmuls of a decode step: fused q/k/v, o, gate/up, down, the LM head.
+DEFAULT_MODEL_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
+def test_a_bf16_row_through_the_matrix_vector_product_is_the_same_bits() -> None:
+    """One bf16 row goes to `torch.mv` (the faster kernel where torch sends a 1-row matmul
+    to oneDNN); it must give exactly `F.linear`'s result, or a single request would sample
+    from other logits than a batch. A bias, or more rows, keep `F.linear`."""
+    generator = torch.Generator().manual_seed(0)
+    linear = lean_decode.linear_for(torch.bfloat16)
+    assert linear is lean_decode._bf16_linear
+    for out_features, in_features in DEFAULT_MODEL_SHAPES:
+        weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).bfloat16()
+        bias = torch.randn(out_features, generator=generator).bfloat16()
+        for rows in (1, 2, 5):
+            x = torch.randn(rows, in_features, generator=generator).bfloat16()
+            expected = torch.nn.functional.linear(x, weight)
+            assert torch.equal(linear(x, weight), expected), (out_features, in_features, rows)
+            with_bias = torch.nn.functional.linear(x, weight, bias)
+            assert torch.equal(linear(x, weight, bias), with_bias), (out_features, rows)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_bf16_lean_step_of_one_row_is_the_step_f_linear_takes(model_type: str) -> None:
+    """The whole step, bit for bit, with and without the matrix-vector path."""
+    model = _tiny(model_type).to(torch.bfloat16)
+    steps = {}
+    for name in ("mv", "linear"):
+        lean = LeanDecoder.of(model)
+        assert lean is not None
+        assert lean.linear is lean_decode._bf16_linear
+        if name == "linear":
+            lean.linear = torch.nn.functional.linear
+        cache = kv_cache.new_cache()
+        ids = torch.randint(1, 300, (1, 7), generator=torch.Generator().manual_seed(2))
+        attention = torch.ones(1, 7, dtype=torch.long)
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=attention, past_key_values=cache)
+            logits = []
+            for step in range(3):
+                attention = torch.cat([attention, attention.new_ones(1, 1)], dim=1)
+                position = torch.tensor([[7 + step]])
+                logits.append(lean.step(torch.tensor([11 + step]), position, attention, cache))
+        steps[name] = torch.stack(logits)
+    assert torch.equal(steps["mv"], steps["linear"])
 
 
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])
