@@ -51,6 +51,8 @@ GROUPS = (
         (
             "aten::mm",
             "aten::addmm",
+            "aten::mv",  # one bf16 row (lean_decode._bf16_linear)
+            "aten::addmv",
             "aten::bmm",
             "aten::matmul",
             "aten::linear",
