@@ -6,17 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from conftest import ScriptedChat
 
 import art
 from art.autorl import GeneratedInputs, InputGenerationError, generate_inputs, normalize
 
-BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TASK = "Answer customer questions about our shop's return policy, politely and correctly."
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,42 +122,6 @@ async def test_bad_arguments_are_named() -> None:
         )
 
 
-# --- against the default model, served on 127.0.0.1 ---------------------------------------
-
-
-@pytest_asyncio.fixture(scope="module")
-async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[art.TrainableModel]:
-    from art.local import LocalBackend
-
-    backend = LocalBackend(path=tmp_path_factory.mktemp("autorl") / ".art")
-    model = art.TrainableModel(name="gen", project="autorl", base_model=BASE)
-    await model.register(backend)
-    yield model
-    await backend.close()
-
-
-@pytest.mark.model
-async def test_the_default_model_writes_distinct_inputs_and_a_system_prompt(
-    served: art.TrainableModel,
-) -> None:
-    inputs = await generate_inputs(
-        TASK,
-        3,
-        num_val=1,
-        generator_model=f"openai/{BASE}",  # the base, under its own name
-        extra_litellm_params={
-            "api_base": served.inference_base_url,
-            "api_key": served.inference_api_key,
-        },
-    )
-    assert len(inputs.train) == 3
-    assert len(inputs.val) == 1
-    everything = inputs.train + inputs.val
-    assert all(text.strip() for text in everything)
-    assert len({normalize(text) for text in everything}) == 4
-    assert inputs.system_prompt.strip()
-
-
 def test_the_report_escapes_generated_text_and_plots_each_evaluated_step(tmp_path: Path) -> None:
     from art.autorl import AutoRLResult, Evaluation
     from art.autorl.report import summary_table, write_html, write_plot
@@ -223,9 +184,13 @@ def test_autorl_trains_end_to_end_writes_its_report_and_resumes(tmp_path: Path) 
     assert "of 1 judged groups had scores that differ" in first.stdout
     model_dir = tmp_path / "autorl" / "models" / "autorl"
     run_dir = model_dir / "autorl"
+    # The default model wrote the inputs: distinct, none empty, and a system prompt.
     inputs = json.loads((run_dir / "inputs.json").read_text())
     assert len(inputs["train"]) == 4
     assert len(inputs["val"]) == 1
+    everything = inputs["train"] + inputs["val"]
+    assert all(text.strip() for text in everything)
+    assert len({normalize(text) for text in everything}) == 5
     assert inputs["system_prompt"].strip()
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["0000", "0001"]
     history = [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
