@@ -141,7 +141,11 @@ def tests_naming(modules: list[str]) -> dict[str, list[str]]:
         dotted = rf"(?<![\w.]){re.escape(module)}(?![\w])"
         imported = rf"from {re.escape(parent)} import [^\n]*\b{re.escape(leaf)}\b"
         pattern = re.compile(f"{dotted}|{imported}")
-        named[module] = [path for path, text in texts.items() if pattern.search(text)]
+        # Either form holds the module's last part: a substring test first skips most
+        # files, where the pattern's search through every file took ~20 s for both lists.
+        named[module] = [
+            path for path, text in texts.items() if leaf in text and pattern.search(text)
+        ]
     return named
 
 
