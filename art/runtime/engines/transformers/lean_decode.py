@@ -163,12 +163,13 @@ def linear_for(
     dtype: torch.dtype, weights: Sequence[torch.Tensor] = ()
 ) -> Callable[..., torch.Tensor]:
     """The linear a decode step of weights in `dtype` multiplies with: in bfloat16
-    `_bf16_linear`; in float32 oneDNN's where `models.cpu_kernels()` picks it, else `F.linear`. Where oneDNN was picked without
-    `ART_DECODE_GEMM` naming it and `weights` (a step's) are given, the rows at which BLAS
-    is clearly faster on them go to BLAS (`_RowSplitLinear`)."""
-    kernels = models.cpu_kernels()
+    `_bf16_linear`; in float32 oneDNN's where `models.cpu_kernels()` picks it, else
+    `F.linear`. Where oneDNN was picked without `ART_DECODE_GEMM` naming it and `weights`
+    (a step's) are given, the rows at which BLAS is clearly faster on them go to BLAS
+    (`_RowSplitLinear`)."""
     if dtype == torch.bfloat16:
         return _bf16_linear
+    kernels = models.cpu_kernels()
     if dtype != torch.float32 or kernels.decode_gemm != "onednn":
         return F.linear
     if not weights or kernels.decode_gemm_named:
@@ -210,9 +211,11 @@ def _bf16_linear(
 ) -> torch.Tensor:
     """`F.linear` in bfloat16, one bias-free row through `torch.mv`: the same bits, and on
     an Intel Xeon with AVX512-BF16 1.5-2.7x faster (torch 2.13 sends a 1-row bf16 matmul
-    to oneDNN, a matrix-vector product to its own kernel; on AVX2 both take that kernel).
-    One row is every single-request decode: a judge's answer, a lone rollout."""
-    if x.shape[0] != 1 or bias is not None:  # with a bias the two round differently on AVX2
+    to oneDNN, a matrix-vector product to its own kernel; with oneDNN limited to AVX2 on
+    that Xeon the two timed alike). One row is every single-request decode: a judge's
+    answer, a lone rollout."""
+    # With a bias, `addmv` rounded differently from `F.linear` under oneDNN limited to AVX2.
+    if x.shape[0] != 1 or bias is not None:
         return F.linear(x, weight, bias)
     return torch.mv(weight, x[0]).unsqueeze(0)
 
