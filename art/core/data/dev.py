@@ -178,7 +178,8 @@ class EngineArgs(_Config):
         default=None,
         description="Transformers engine: sample from a plain copy of the base model with the "
         "served LoRA adapter merged in (faster decoding, the base weights' memory once more). "
-        "None: on for a CPU model when the copy takes under a quarter of the free memory.",
+        "None: on when the copy takes under a quarter of the free memory (the CPU's or the "
+        "GPU's).",
     )
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv_cache, sampling
+from .decode_graphs import StaticDecoder
 from .lean_decode import LeanDecoder
 from .prefix_cache import LayerKV, PrefixCache, Prompt
 from .rows import Request, Row, RowStepper, new_rows
@@ -40,12 +41,18 @@ class BatchDecoder:
     """Prefills and decodes batches with `model` (set per batch: the adapter's weights)."""
 
     def __init__(
-        self, stepper: RowStepper, pad_id: int, prefixes: PrefixCache, lean: LeanDecoder | None
+        self,
+        stepper: RowStepper,
+        pad_id: int,
+        prefixes: PrefixCache,
+        lean: LeanDecoder | StaticDecoder | None,
     ) -> None:
         self.stepper = stepper
         self.pad_id = pad_id
         self.prefixes = prefixes
-        self.lean = lean  # decode steps of the merged copy without transformers' module stack
+        # Decode steps of the merged copy without transformers' module stack (on a GPU
+        # replayed from CUDA graphs).
+        self.lean = lean
         self.model: Any = None  # what the running batch calls
 
     def prefill(self, requests: list[Request], device: torch.device) -> Batch | None:
@@ -167,17 +174,27 @@ class BatchDecoder:
         # The logprobs returned for training are under the model's own temperature-1
         # distribution, unmasked: the one the trainer recomputes for the importance ratio.
         normalizers = sampling.normalizers(logits)
-        chosen = (logits.gather(1, tokens[:, None]).squeeze(1) - normalizers).tolist()
-        token_list = tokens.tolist()
+        chosen = logits.gather(1, tokens[:, None]).squeeze(1) - normalizers
+        # Everything the rows need from this step comes to the host in one transfer: on a
+        # GPU each transfer waits for the device.
+        parts = [tokens[:, None].double(), chosen[:, None].double()]
+        top = max(row.request.params.top_logprobs for row in batch.rows)
+        if top:
+            values, ids = logits.topk(top, dim=-1)
+            parts += [ids.double(), (values - normalizers[:, None]).double()]
+        host = torch.cat(parts, dim=1).tolist()
         for i, row in enumerate(batch.rows):
+            token, logprob = int(host[i][0]), host[i][1]
+            wanted = row.request.params.top_logprobs
+            ranked = [(int(host[i][2 + k]), host[i][2 + top + k]) for k in range(wanted)]
             try:
-                self.stepper.advance(row, token_list[i], chosen[i], logits[i], normalizers[i])
+                self.stepper.advance(row, token, logprob, ranked)
             except Exception as error:  # this row's grammar or callback: it ends alone
                 row.request.fail(error)
         kept = [i for i, row in enumerate(batch.rows) if not row.done and not row.request.ended]
         if len(kept) < len(batch.rows):
             batch, order = keep(batch, kept)
-            tokens = tokens[torch.tensor(order, dtype=torch.long, device=tokens.device)]
+            tokens = tokens[_indices(order, tokens.device)]
         if not batch.rows:
             return batch
         attention = torch.cat([batch.attention, batch.attention.new_ones((len(kept), 1))], dim=1)
@@ -210,7 +227,7 @@ def keep(batch: Batch, kept: list[int]) -> tuple[Batch, list[int]]:
     if len(kept) == len(batch.rows):
         return batch, kept
     order = compacted(kept)
-    index = torch.tensor(order, dtype=torch.long, device=batch.logits.device)
+    index = _indices(order, batch.logits.device)
     attention = batch.attention[index]
     if order:  # an emptied batch is dropped whole, cache included
         kv_cache.keep_rows(batch.cache, order)
@@ -256,6 +273,11 @@ def stack(top: Batch, bottom: Batch) -> Batch:
         torch.cat([top.next_position, bottom.next_position]),
         torch.cat([top.logits, bottom.logits]),
     )
+
+
+def _indices(index: list[int], device: torch.device) -> torch.Tensor:
+    """`index` as a long tensor on `device`, copied without waiting for the device."""
+    return torch.tensor(index, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _left_pad(tensor: torch.Tensor, length: int, dim: int = 2) -> torch.Tensor:

@@ -47,6 +47,7 @@ from ...trainer.memory import return_free_heap
 from ..base import AdapterGone, EngineSpec, OnToken, Sample, SamplingParams
 from ..structured import Grammars
 from .batch import Batch, BatchDecoder, join
+from .decode_graphs import StaticDecoder
 from .kv_cache import cache_bytes
 from .lean_decode import LeanDecoder
 from .merged import MergedCopy, mergeable, plain_model
@@ -54,6 +55,12 @@ from .prefix_cache import PrefixCache
 from .rows import Request, RowStepper
 
 _MAX_WAIT_STEPS = 8
+# On a GPU a prefill call costs tens of milliseconds of host time whatever its length
+# (~60 ms for a 1B model through transformers' module stack on an H200's host, launch-
+# bound), the time of prefilling hundreds of tokens a row there: only a prefix that long is
+# worth a call (and a cache entry) of its own. A batch of 64 prompts seen before had each
+# taken its own prefix at the CPU's 16 and ran 64 prefill calls (#49).
+_GPU_PREFIX_MIN_TOKENS = 256
 T = TypeVar("T")
 
 
@@ -89,13 +96,13 @@ class TransformersEngine:
         self.serves_training_weights = serves_training_weights
         self.serves_while_training = not serves_training_weights
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._prefixes = PrefixCache()
+        on_gpu = next(model.parameters()).device.type != "cpu"
+        self._prefixes = PrefixCache(min_tokens=_GPU_PREFIX_MIN_TOKENS if on_gpu else 16)
         self._decoder = BatchDecoder(
             RowStepper(tokenizer, stop_token_ids, self.grammars),
             pad_id,
             self._prefixes,
-            # Decode steps of the plain copy skip transformers' module stack where it can.
-            LeanDecoder.of(merged.plain) if merged is not None else None,
+            _lean_decoder(merged),
         )
         self._model_lock = threading.Lock()  # held while a batch runs, and by `paused()`
         self._queue: queue.Queue[Request] = queue.Queue()
@@ -143,6 +150,12 @@ class TransformersEngine:
     def active_rows(self) -> int:
         """Rows (sequences) in the running batch, as of the last decode step."""
         return self._active_rows
+
+    @property
+    def decode_graphs_captured(self) -> int:
+        """CUDA graphs captured for decode steps so far (0 where steps run without)."""
+        lean = self._decoder.lean
+        return lean.captured if isinstance(lean, StaticDecoder) else 0
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -429,14 +442,21 @@ def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
     if wanted is None:
         size = _bytes(served)
         free = budget(device, None).available
-        wanted = (
-            device.type == "cpu" and mergeable(config.peft_args.target_modules) and size < free // 4
-        )
+        wanted = mergeable(config.peft_args.target_modules) and size < free // 4
     if not wanted:
         return None
     plain, _ = models.load(spec.resolved, config.init_args.dtype, str(device))
     plain.requires_grad_(False)
     return MergedCopy(served, plain)
+
+
+def _lean_decoder(merged: MergedCopy | None) -> LeanDecoder | StaticDecoder | None:
+    """Decode steps of the plain copy without transformers' module stack where its
+    architecture allows; on a GPU replayed from CUDA graphs (`decode_graphs.py`)."""
+    lean = LeanDecoder.of(merged.plain) if merged is not None else None
+    if lean is not None and lean.model.device.type == "cuda":
+        return StaticDecoder(lean, graphs=True)
+    return lean
 
 
 def _adapters(model: Any) -> dict[str, Any]:

@@ -12,6 +12,10 @@ row from below (`keep_rows`), and requests joining mid-flight are written into s
 rows below the running ones (`join`), their left padding zeroed, so neither copies the
 rows that stay. Only a join that finds no room (rows, or positions to the left for a
 prompt longer than the running rows) copies the whole cache into a new buffer.
+
+Buffers start as zeros, not uninitialised memory: a GPU decode step attends over the
+whole room (`decode_graphs.py`), masked where not yet written, and a masked weight of 0
+times an uninitialised NaN would still be NaN.
 """
 
 from __future__ import annotations
@@ -102,6 +106,44 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.rows = self.start = self.length = 0
         super().reset()
 
+    def reserve(self, rows: int, positions: int) -> None:
+        """Buffers with room for at least `rows` rows and `positions` positions (counted from
+        the buffers' start): reallocated, with the filled part copied, only where short."""
+        room_rows, room_positions = self.room
+        if room_rows >= rows and room_positions >= positions:
+            return
+        kept = self.length - self.start
+        key_buffer = self._key_buffer.new_zeros(
+            (
+                max(rows, room_rows),
+                self._key_buffer.shape[1],
+                max(positions, kept),
+                self._key_buffer.shape[3],
+            )
+        )
+        value_buffer = self._value_buffer.new_zeros(
+            (
+                key_buffer.shape[0],
+                self._value_buffer.shape[1],
+                key_buffer.shape[2],
+                self._value_buffer.shape[3],
+            )
+        )
+        key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
+        value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        self.start, self.length = 0, kept
+        self._set_length(kept)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers ([row room, kv heads, position room, head dim]):
+        for a decode step that writes position `length` itself (`decode_graphs.py`)."""
+        return self._key_buffer, self._value_buffer
+
+    def advance(self) -> None:
+        """Count position `length` as written (by whoever wrote it into `buffers()`)."""
+        self._set_length(self.length + 1)
+
     @property
     def nbytes(self) -> int:
         """Bytes of both buffers."""
@@ -173,8 +215,8 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         capacity = needed + max(_SPARE_MIN, needed // 2)
         room = self.rows + spare_rows
         _, heads, _, head_dim = keys.shape
-        key_buffer = keys.new_empty((room, heads, capacity, head_dim))
-        value_buffer = values.new_empty((room, values.shape[1], capacity, values.shape[3]))
+        key_buffer = keys.new_zeros((room, heads, capacity, head_dim))
+        value_buffer = values.new_zeros((room, values.shape[1], capacity, values.shape[3]))
         if kept:
             key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
             value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))

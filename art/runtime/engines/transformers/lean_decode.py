@@ -18,6 +18,9 @@ measured). Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (M
 `ART_DECODE_GEMM` names one, the decoder times both on its own weights at start-up and
 gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLinear`).
 
+On a GPU the same step's arithmetic (`forward`) runs over static buffers and is replayed
+from CUDA graphs (`decode_graphs.py`): there a step is bound by kernel launches, not ops.
+
 Only the sampling copy (a plain model, no adapter wrappers, no grad) runs this, and only
 for the architectures whose decoder layer it reproduces exactly (`SUPPORTED`); anything
 else decodes through transformers. The tests hold it to transformers' own forward pass.
@@ -47,6 +50,7 @@ SUPPORTED = {"llama": False, "qwen2": True}
 # oneDNN: near the margin a choice could differ between two starts).
 _BLAS_ROW_CANDIDATES = (1, 2)
 _BLAS_MARGIN = 1.25
+KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -78,16 +82,18 @@ class LeanDecoder:
         self.head = model.get_output_embeddings()
         self.layers = [self._fuse(layer) for layer in decoder.layers]
         first = self.layers[0]
-        self.linear = linear_for(
-            self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
-        )
+        self.linear: Callable[..., torch.Tensor] = F.linear  # on a GPU: cuBLAS
+        if self.norm.device.type == "cpu":
+            self.linear = linear_for(
+                self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
+            )
 
     @classmethod
     def of(cls, model: Any) -> LeanDecoder | None:
         """A decoder for `model`, or None where its architecture is not one this reproduces."""
         config = model.config
         model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED or model.device.type != "cpu":
+        if model_type not in SUPPORTED or model.device.type not in ("cpu", "cuda"):
             return None
         unsupported = (
             getattr(config, "hidden_act", "silu") != "silu"
@@ -127,12 +133,31 @@ class LeanDecoder:
         """Float32 next-token logits [rows, vocab] after `tokens` [rows] at `positions`
         [rows, 1]; `attention` [rows, cached + 1] masks left padding; `cache` grows by one."""
         rows = tokens.shape[0]
+        mask = torch.zeros(attention.shape, dtype=torch.float32, device=attention.device)
+        mask.masked_fill_(attention == 0, float("-inf"))
+
+        def store(index: int, key: torch.Tensor, value: torch.Tensor) -> KeysValues:
+            cache_layer = cache.layers[index]
+            assert isinstance(cache_layer, GrowingLayer)
+            return cache_layer.update(key, value)
+
+        return self.forward(tokens, positions, mask.view(rows, 1, -1, 1), store)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        store: Callable[[int, torch.Tensor, torch.Tensor], KeysValues],
+    ) -> torch.Tensor:
+        """The step's arithmetic: `mask` [rows, 1, positions, 1] is added to the attention
+        scores; `store(layer, key, value)` keeps the new key and value ([rows, kv heads, 1,
+        head dim]) and gives back the keys and values to attend over ([rows, kv heads,
+        positions, head dim]). No host synchronisation, so a CUDA graph can capture it."""
+        rows = tokens.shape[0]
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         hidden = self.embed(tokens)  # [rows, width]
         cos, sin = self.rotary(hidden, positions)  # [rows, 1, head_dim]
-        mask = torch.zeros(attention.shape, dtype=torch.float32)
-        mask.masked_fill_(attention == 0, float("-inf"))
-        mask = mask.view(rows, 1, -1, 1)  # [rows, kv heads, positions, query group]
         q_width = heads * head_dim
         for index, layer in enumerate(self.layers):
             normed = _rms_norm(hidden, layer.input_norm, self.eps)
@@ -143,9 +168,7 @@ class LeanDecoder:
             query = qk[:, :heads].reshape(rows, kv_heads, heads // kv_heads, head_dim)
             key = qk[:, heads:].unsqueeze(2)  # [rows, kv heads, 1, head_dim]
             value = qkv[:, q_width + kv_heads * head_dim :].view(rows, kv_heads, 1, head_dim)
-            cache_layer = cache.layers[index]
-            assert isinstance(cache_layer, GrowingLayer)
-            keys, values = cache_layer.update(key, value)
+            keys, values = store(index, key, value)
             # Keys times queries, not queries times transposed keys: the cached keys are a
             # strided view, and a CPU bmm copies a transposed one (~1 ms a layer at 32 rows).
             scores = torch.matmul(keys, query.transpose(-1, -2)).float().mul_(self.scale)

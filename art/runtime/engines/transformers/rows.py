@@ -87,19 +87,21 @@ class RowStepper:
         if not constrained:
             return logits
         matchers = [rows[i].matcher for i in constrained]
-        allowed = self.grammars.allowed_tokens(matchers, logits.shape[1]).to(logits.device)
-        index = torch.tensor(constrained, device=logits.device)
+        allowed = self.grammars.allowed_tokens(matchers, logits.shape[1])
+        allowed = allowed.to(logits.device, non_blocking=True)
+        index = torch.tensor(constrained).to(logits.device, non_blocking=True)
         masked = logits.clone()
         masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
         return masked
 
     def advance(
-        self, row: Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+        self, row: Row, token: int, logprob: float, top_logprobs: list[tuple[int, float]]
     ) -> None:
-        """Give `row` its sampled token; answer its request once all its rows are done."""
+        """Give `row` its sampled token (its logprob, and the `top_logprobs` it asked for);
+        answer its request once all its rows are done."""
         if row.matcher is not None and not row.matcher.consume_token(token):
             raise RuntimeError(f"the grammar rejected its own token: {row.matcher.get_error()}")
-        self._append(row, token, logprob, logits, normalizer)
+        self._append(row, token, logprob, top_logprobs)
         if row.request.on_token is not None:
             row.request.on_token(row.index, token)
         if row.done:
@@ -108,15 +110,13 @@ class RowStepper:
                 settle(row.request.future, result=row.request.samples)
 
     def _append(
-        self, row: Row, token: int, logprob: float, logits: torch.Tensor, normalizer: torch.Tensor
+        self, row: Row, token: int, logprob: float, top_logprobs: list[tuple[int, float]]
     ) -> None:
         params, sample = row.request.params, row.sample
         sample.token_ids.append(token)
         sample.logprobs.append(logprob)
         if params.top_logprobs:
-            values, ids = logits.topk(params.top_logprobs)
-            values = values - normalizer
-            sample.top_logprobs.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+            sample.top_logprobs.append(top_logprobs)
         if token in self.stop_token_ids:
             sample.finish_reason, row.done = "stop", True
         elif params.stop:

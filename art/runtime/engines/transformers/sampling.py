@@ -39,27 +39,42 @@ def sample(
     """
     rows = logits.shape[0]
     device = logits.device
-    temperature = torch.tensor(temperatures, dtype=logits.dtype, device=device)
-    greedy = temperature == 0
+    # The per-row settings travel to the device without waiting for it (non_blocking), and
+    # which rows are greedy or nucleus-sampled is read from the host's lists: on a GPU
+    # the step never waits on the device here.
+    temperature = _to(device, torch.tensor(temperatures, dtype=logits.dtype))
     # Unnormalised probabilities at each row's temperature: exp((l - max) / t).
     peak = logits.max(dim=-1, keepdim=True).values
     weights = (logits - peak).div_(temperature.clamp(min=1e-5)[:, None]).exp_()
-    top_p = torch.tensor(top_ps, dtype=logits.dtype, device=device)
-    nucleus = (top_p < 1) & ~greedy
-    if bool(nucleus.any()):
-        index = nucleus.nonzero().squeeze(1)
-        weights[index] = _nucleus(weights[index], top_p[index])
-    uniforms = torch.empty(rows, dtype=torch.float64)
-    unseeded = [i for i, generator in enumerate(generators) if generator is None]
-    if unseeded:
-        uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
-    for i, generator in enumerate(generators):
-        if generator is not None:
-            uniforms[i] = torch.rand(1, dtype=torch.float64, generator=generator)[0]
-    tokens = _inverse_cdf(weights, uniforms.to(device))
-    if bool(greedy.any()):
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    nucleus = [i for i, (t, p) in enumerate(zip(temperatures, top_ps, strict=True)) if p < 1 and t]
+    if nucleus:
+        index = _to(device, torch.tensor(nucleus))
+        top_p = _to(device, torch.tensor([top_ps[i] for i in nucleus], dtype=logits.dtype))
+        weights[index] = _nucleus(weights[index], top_p)
+    seeded = [i for i, generator in enumerate(generators) if generator is not None]
+    if device.type == "cpu":
+        uniforms = torch.empty(rows, dtype=torch.float64)
+        unseeded = [i for i, generator in enumerate(generators) if generator is None]
+        if unseeded:
+            uniforms[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
+    else:
+        uniforms = torch.rand(rows, dtype=torch.float64, device=device)
+    if seeded:  # drawn on the host from each row's own generator: the same seed, the same draw
+        drawn = torch.cat(
+            [torch.rand(1, dtype=torch.float64, generator=generators[i]) for i in seeded]
+        )
+        uniforms[_to(device, torch.tensor(seeded))] = _to(device, drawn)
+    tokens = _inverse_cdf(weights, uniforms)
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    if greedy:
+        index = _to(device, torch.tensor(greedy))
+        tokens[index] = logits[index].argmax(dim=-1)
     return tokens
+
+
+def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (on the host) on `device`, copied without waiting for the device."""
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
 
 
 def _nucleus(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -68,7 +83,7 @@ def _nucleus(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     probs = weights / weights.sum(dim=-1, keepdim=True)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     before = sorted_probs.cumsum(-1) - sorted_probs
-    sorted_probs[before >= top_p[:, None]] = 0
+    sorted_probs.masked_fill_(before >= top_p[:, None], 0)  # a boolean index would sync
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
 
 
