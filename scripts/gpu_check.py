@@ -1,5 +1,6 @@
-"""`make gpu-check`: the CUDA-only tests and the CUDA benchmarks in one go, with a summary
-of what ran and what skipped (and why). Without CUDA it says so and skips everything.
+"""`make gpu-check`: the CUDA-only tests and the CUDA benchmarks in one go (the sampler
+against `generate`, the training step against the plain PEFT loop), with a summary of
+what ran and what skipped (and why). Without CUDA it says so and skips everything.
 
     python scripts/gpu_check.py                    # run (make gpu-check)
     python scripts/gpu_check.py --prepare .gpu     # make gpu-wheels: for a GPU machine
@@ -94,10 +95,14 @@ def run() -> int:
         env["ART_TOKENIZER_DIR"] = str(tokenizer)
     results: list[tuple[str, int, float]] = []
 
-    def step(name: str, command: list[str]) -> None:
+    def step(name: str, command: list[str], limit_s: float) -> None:
         print(f"\n=== {name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
-        code = subprocess.run(command, cwd=ROOT, env=env).returncode
+        try:
+            code = subprocess.run(command, cwd=ROOT, env=env, timeout=limit_s).returncode
+        except subprocess.TimeoutExpired:
+            print(f"=== {name}: stopped after {limit_s:.0f} s", flush=True)
+            code = 124
         results.append((name, code, time.monotonic() - start))
 
     # Only the modules holding CUDA tests are collected: the others import libraries (Ray,
@@ -109,11 +114,21 @@ def run() -> int:
     )
     step(
         "CUDA tests",
-        [sys.executable, "-m", "pytest", "-m", "cuda", "-rs", "-p", "no:cacheprovider", *modules],
+        [
+            *(sys.executable, "-m", "pytest", "-m", "cuda", "-rs", "-p", "no:cacheprovider"),
+            *("--timeout", "150", *modules),  # a hung test fails alone
+        ],
+        limit_s=240,
     )
     step(
-        "CUDA benchmark",
+        "CUDA sampler benchmark",
+        [sys.executable, "benchmarks/sampler_cuda.py", "--endpoint"],
+        limit_s=200,
+    )
+    step(
+        "CUDA training benchmark",
         [sys.executable, "benchmarks/train_memory_cuda.py", "--settings", BENCH_SETTINGS],
+        limit_s=100,
     )
     print("\ngpu-check summary (the CUDA tests' skips and their reasons are listed above):")
     for name, code, seconds in results:

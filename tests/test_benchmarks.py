@@ -42,7 +42,7 @@ llama_ready = (LLAMA_VENV / "bin" / "python").is_file() and (
     LLAMA_VENV / "llama.cpp" / "llama-server"
 ).is_file()
 needs_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="train_memory_cuda.py measures GPU memory: no CUDA here"
+    not torch.cuda.is_available(), reason="a CUDA benchmark: no CUDA here"
 )
 
 # (script, options after --quick, lines its output must hold), one entry per run.
@@ -185,6 +185,13 @@ RUNS = [
         ["machine: ", "4 x 64 tokens: trainer=unsloth", "trainer_peak_rss_gb="],
         marks=needs_unsloth,
         id="train_memory-unsloth",
+    ),
+    pytest.param(
+        "sampler_cuda",
+        [],
+        ["machine: ", "8 rows: generate ", "ours / generate ", "graphed static step "],
+        marks=[needs_cuda, pytest.mark.cuda],
+        id="sampler_cuda",
     ),
     pytest.param(
         "train_memory_cuda",
