@@ -94,6 +94,13 @@ def check_static_steps(model: Any, decoder: StaticDecoder, steps: int, atol: flo
                 assert all(bool(buffer.isfinite().all()) for buffer in layer.buffers()), step
             for place, row in enumerate(rows):
                 sequences[row].append(int(tokens[place]))
+            # Against the full pass at the first steps, around the row leaving and the room
+            # growing past 256 (the 9-token prompt's position 256), and every 13th step: a
+            # wrong write into the cache would show at every step after it.
+            near = (0, 1, 2, steps // 2 - 1, steps // 2, steps // 2 + 1, steps - 1)
+            if step not in near and step % 13 and abs(step + 9 - 256) > 2:
+                continue
+            for place, row in enumerate(rows):
                 full = model(torch.tensor([sequences[row]], device=device)).logits[0, -1].float()
                 assert torch.allclose(logits[place], full, atol=atol), (
                     step,
