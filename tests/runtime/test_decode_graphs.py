@@ -62,7 +62,10 @@ def test_buckets_and_position_room_are_powers_of_two() -> None:
 
 def check_static_steps(model: Any, decoder: StaticDecoder, steps: int, atol: float = 1e-4) -> None:
     """Three rows (left padding 0, 3 and 5) prefilled by transformers, then `steps` static
-    steps, the middle row leaving halfway; each row's logits against the full forward pass."""
+    steps; halfway the first row leaves, the last takes its place, and the 3 positions of
+    padding neither remaining row attends to are trimmed off the cache (as `batch.keep`
+    does), so the room that grows past 256 afterwards is reallocated from a trimmed cache.
+    Each row's logits against the full forward pass."""
     device = model.device
     ids = torch.randint(1, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
     attention = torch.ones(3, 9, dtype=torch.long, device=device)
@@ -78,11 +81,13 @@ def check_static_steps(model: Any, decoder: StaticDecoder, steps: int, atol: flo
         )
         next_position = positions[:, -1:] + 1
         for step in range(steps):
-            if step == steps // 2:  # the middle row leaves: the last takes its place
-                kv_cache.keep_rows(cache, [0, 2])
-                rows = [0, 2]
-                keep = torch.tensor([0, 2], device=device)
+            if step == steps // 2:  # the first row leaves: the last takes its place
+                kv_cache.keep_rows(cache, [2, 1])
+                rows = [2, 1]
+                keep = torch.tensor([2, 1], device=device)
                 attention, next_position = attention[keep], next_position[keep]
+                kv_cache.trim_left(cache, 3)
+                attention = attention[:, 3:]
             tokens = torch.tensor([(11 + 7 * step + 13 * row) % 300 for row in rows], device=device)
             attention = torch.cat([attention, attention.new_ones(len(rows), 1)], dim=1)
             logits = decoder.step(tokens, next_position, attention, cache)

@@ -89,10 +89,11 @@ class StaticDecoder:
         rows = tokens.shape[0]
         layers: list[GrowingLayer] = list(cache.layers)
         first = layers[0]
-        length, start = first.length, first.start
-        padded = bucket(rows)
+        padded, room = bucket(rows), position_room(first.length + 1)
         for layer in layers:
-            layer.reserve(padded, position_room(length + 1))
+            layer.reserve(padded, room)
+        # Read after `reserve`: a reallocation moves the kept positions to the buffers' start.
+        length, start = first.length, first.start
         key = (
             padded,
             first.room[1],
