@@ -78,6 +78,12 @@ class StaticDecoder:
         self._pool: Any = torch.cuda.graph_pool_handle() if graphs else None
         self._stream: Any = None  # the side stream graphs are captured on
 
+    @property
+    def steps_kept(self) -> int:
+        """Static steps held now, one per bucket and set of cache buffers (each a graph's
+        where `graphs`)."""
+        return len(self._steps)
+
     def step(
         self,
         tokens: torch.Tensor,

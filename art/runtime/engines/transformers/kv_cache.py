@@ -112,28 +112,10 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         room_rows, room_positions = self.room
         if room_rows >= rows and room_positions >= positions:
             return
-        kept = self.length - self.start
-        key_buffer = self._key_buffer.new_zeros(
-            (
-                max(rows, room_rows),
-                self._key_buffer.shape[1],
-                max(positions, kept),
-                self._key_buffer.shape[3],
-            )
+        self._reallocate(
+            max(rows, room_rows), max(positions, self.length - self.start), *self.buffers()
         )
-        value_buffer = self._value_buffer.new_zeros(
-            (
-                key_buffer.shape[0],
-                self._value_buffer.shape[1],
-                key_buffer.shape[2],
-                self._value_buffer.shape[3],
-            )
-        )
-        key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
-        value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))
-        self._key_buffer, self._value_buffer = key_buffer, value_buffer
-        self.start, self.length = 0, kept
-        self._set_length(kept)
+        self._set_length(self.length)
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole key and value buffers ([row room, kv heads, position room, head dim]):
@@ -209,14 +191,18 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         fits = buffer.dim() == 4 and buffer.shape[0] >= self.rows and buffer.shape[2] >= needed
         if fits and not fresh:
             return
-        # A new buffer holds the kept positions from its start: trimmed ones are not copied.
-        kept = self.length - self.start
         needed -= self.start
         capacity = needed + max(_SPARE_MIN, needed // 2)
-        room = self.rows + spare_rows
-        _, heads, _, head_dim = keys.shape
-        key_buffer = keys.new_zeros((room, heads, capacity, head_dim))
-        value_buffer = values.new_zeros((room, values.shape[1], capacity, values.shape[3]))
+        self._reallocate(self.rows + spare_rows, capacity, keys, values)
+
+    def _reallocate(
+        self, rows: int, positions: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """New zeroed buffers of `rows` x `positions`, heads and head dim as `keys`/`values`,
+        holding the kept positions from their start (trimmed ones are not copied)."""
+        kept = self.length - self.start
+        key_buffer = keys.new_zeros((rows, keys.shape[1], positions, keys.shape[3]))
+        value_buffer = values.new_zeros((rows, values.shape[1], positions, values.shape[3]))
         if kept:
             key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
             value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))
