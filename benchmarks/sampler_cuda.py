@@ -234,9 +234,20 @@ async def with_endpoint(directory: Path, rows: int, tokens: int) -> float:
         await backend.close()
 
 
+def row_counts(text: str) -> list[int]:
+    """`--rows`: comma-separated positive row counts."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--rows takes positive counts like 64,256, not {text!r}")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="64,256")
+    parser.add_argument("--rows", type=row_counts, default=[64, 256], help="e.g. 64,256")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--endpoint", action="store_true", help="also through LocalBackend")
     parser.add_argument("--quick", action="store_true", help="8 rows, 16 tokens")
@@ -246,8 +257,10 @@ def main() -> None:
         help="a tokenizer directory (default: $ART_TOKENIZER_DIR, else the default model's)",
     )
     args = parser.parse_args()
+    if args.tokens < 1:
+        parser.error(f"--tokens must be at least 1, got {args.tokens}")
     if args.quick:
-        args.rows, args.tokens = "8", 16
+        args.rows, args.tokens = [8], 16
     if not torch.cuda.is_available():
         sys.exit("sampler_cuda.py needs a CUDA GPU")
     from transformers import AutoTokenizer
@@ -267,7 +280,7 @@ def main() -> None:
     engine = TransformersEngine(
         model,
         tokenizer,
-        max_num_seqs=max(int(r) for r in args.rows.split(",")),
+        max_num_seqs=max(args.rows),
         stop_token_ids=set(),
         merged=MergedCopy(model, plain),
     )
@@ -275,7 +288,7 @@ def main() -> None:
     assert lean is not None
     with_generate(model, tokenizer, prompts(tokenizer, 4), 8)  # CUDA and cuBLAS warm up
     try:
-        for rows in (int(r) for r in args.rows.split(",")):
+        for rows in args.rows:
             ids = prompts(tokenizer, rows)
             hf = with_generate(model, tokenizer, ids, args.tokens)
             cold = with_engine(engine, ids, args.tokens)
@@ -302,7 +315,7 @@ def main() -> None:
             tokenizer.save_pretrained(directory / "model")
             del model, plain, engine, lean
             torch.cuda.empty_cache()
-            for rows in (int(r) for r in args.rows.split(",")):
+            for rows in args.rows:
                 rate = asyncio.run(with_endpoint(directory, rows, args.tokens))
                 print(f"{rows} rows: ours (endpoint) {rate:,.0f} tok/s", flush=True)
 

@@ -172,6 +172,44 @@ def save_random_llama(
     return directory
 
 
+def tiny_causal_lm(model_type: str, *, device: str = "cpu", max_positions: int = 256) -> Any:
+    """A randomly initialised float32 model of `model_type` (seed 0), small enough to build
+    in a test; its biases, if any (Qwen2's q/k/v, 0 at start), drawn so they count."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def tokenizer_dir() -> str:
+    """The default model's tokenizer: `ART_TOKENIZER_DIR` where set (a GPU machine without
+    the model, `make gpu-wheels`), else the default model's own directory."""
+    import os
+
+    configured = os.environ.get("ART_TOKENIZER_DIR")
+    if configured:
+        return configured
+    from art.runtime.models import default_model_dir
+
+    return str(default_model_dir())
+
+
 def leaked(status: int, text: str, leaks: Iterable[str]) -> list[str]:
     """What no answer to a fuzzed request may hold: a 5xx, a traceback, a server path."""
     found = [f"status {status}: {text[:300]}"] if status >= 500 else []

@@ -7,13 +7,12 @@ tokenizer into `.gpu/tokenizer`, and ART_TOKENIZER_DIR names it there.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import save_random_llama
+from helpers import save_random_llama, tokenizer_dir
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -24,20 +23,11 @@ pytestmark = [
 ]
 
 
-def _tokenizer_dir() -> str:
-    configured = os.environ.get("ART_TOKENIZER_DIR")
-    if configured:
-        return configured
-    from art.runtime.models import default_model_dir
-
-    return str(default_model_dir())
-
-
 @pytest.fixture(scope="module")
 def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-layer Llama, randomly initialised, saved with the default tokenizer."""
     directory = tmp_path_factory.mktemp("random-llama")
-    return save_random_llama(directory, _tokenizer_dir(), hidden_size=256, layers=4)
+    return save_random_llama(directory, tokenizer_dir(), hidden_size=256, layers=4)
 
 
 def _completion_logprob(model: Any, prompt: list[int], tokens: list[int]) -> float:

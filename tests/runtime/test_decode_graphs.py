@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import os
 import warnings
 from typing import Any
 
 import pytest
 import torch
+from helpers import tiny_causal_lm, tokenizer_dir
 
 from art.runtime.engines.base import SamplingParams
 from art.runtime.engines.structured import Grammars
@@ -30,29 +30,6 @@ from art.runtime.engines.transformers.prefix_cache import PrefixCache
 from art.runtime.engines.transformers.rows import Request, RowStepper
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
-
-
-def _tiny(model_type: str, device: str = "cpu") -> Any:
-    """A randomly initialised float32 model of `model_type`, small enough to build in a test."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
-    with torch.no_grad():  # Qwen2's q/k/v biases start at 0; make them count
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.5)
-    return model.to(device).eval().requires_grad_(False)
 
 
 def test_buckets_and_position_room_are_powers_of_two() -> None:
@@ -118,23 +95,19 @@ def check_static_steps(model: Any, decoder: StaticDecoder, steps: int, atol: flo
 def test_static_steps_give_transformers_logits(model_type: str) -> None:
     """3 rows run at a bucket of 4 (a padding row) in 256 positions of room, then 2 at 2;
     past 256 positions the room grows to 512."""
-    model = _tiny(model_type)
+    model = tiny_causal_lm(model_type, max_positions=512)
     lean = LeanDecoder.of(model)
     assert lean is not None
     decoder = StaticDecoder(lean, graphs=False)
     check_static_steps(model, decoder, steps=260)
     # One static step per bucket and room: 4 rows at 256, 2 at 256, 2 at 512.
-    assert len(decoder._steps) == 3
+    assert decoder.steps_kept == 3
 
 
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    from art.runtime.models import default_model_dir
-
-    return AutoTokenizer.from_pretrained(
-        os.environ.get("ART_TOKENIZER_DIR") or str(default_model_dir())
-    )
+    return AutoTokenizer.from_pretrained(tokenizer_dir())
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
@@ -142,7 +115,7 @@ def _tokenizer() -> Any:
 @needs_cuda
 def test_graphed_steps_on_cuda_give_transformers_logits(model_type: str) -> None:
     """The same steps as on the CPU, each bucket's step captured once and replayed."""
-    model = _tiny(model_type, "cuda")
+    model = tiny_causal_lm(model_type, device="cuda", max_positions=512)
     lean = LeanDecoder.of(model)
     assert lean is not None
     decoder = StaticDecoder(lean, graphs=True)
@@ -183,7 +156,7 @@ def _is_sync(warning: warnings.WarningMessage) -> bool:
 def test_a_decode_step_on_cuda_makes_one_device_to_host_transfer() -> None:
     """16 rows of mixed settings: after the first steps (which capture), each step waits
     for the device once, for the one transfer of its tokens and logprobs."""
-    model = _tiny("llama", "cuda")
+    model = tiny_causal_lm("llama", device="cuda", max_positions=512)
     lean = LeanDecoder.of(model)
     assert lean is not None
     tokenizer = _tokenizer()
@@ -215,7 +188,7 @@ def test_a_decode_step_on_cuda_makes_one_device_to_host_transfer() -> None:
 def test_the_engine_on_cuda_serves_the_full_passes_logprobs_through_graphs() -> None:
     """Requests joining and leaving a running batch (different prompts, lengths, `n`): each
     sampled token's logprob is the trainer's full forward pass's."""
-    model = _tiny("llama", "cuda")
+    model = tiny_causal_lm("llama", device="cuda", max_positions=512)
     tokenizer = _tokenizer()
     plain = copy.deepcopy(model)
     engine = TransformersEngine(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import tiny_causal_lm
 
 from art.core.data.dev import PeftArgs
 from art.runtime import models
@@ -295,29 +296,6 @@ def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
         engine.close()
 
 
-def _tiny(model_type: str) -> Any:
-    """A randomly initialised model of `model_type`, small enough to build in a test."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # Qwen2's q/k/v biases start at 0; make them count
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.5)
-    return model.eval().requires_grad_(False)
-
-
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(
@@ -326,7 +304,7 @@ def test_lean_decode_steps_give_transformers_logits(
     """In float32 (the tiny model's dtype) through either library a decode step's
     matmuls can go to (`ART_DECODE_GEMM`)."""
     monkeypatch.setenv("ART_DECODE_GEMM", gemm)
-    model = _tiny(model_type)
+    model = tiny_causal_lm(model_type)
     lean = LeanDecoder.of(model)
     assert lean is not None
     assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
@@ -411,7 +389,7 @@ def test_a_bf16_row_through_the_matrix_vector_product_is_the_same_bits() -> None
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_a_bf16_lean_step_of_one_row_is_the_step_f_linear_takes(model_type: str) -> None:
     """The whole step, bit for bit, with and without the matrix-vector path."""
-    model = _tiny(model_type).to(torch.bfloat16)
+    model = tiny_causal_lm(model_type).to(torch.bfloat16)
     steps = {}
     for name in ("mv", "linear"):
         lean = LeanDecoder.of(model)
@@ -440,7 +418,7 @@ def test_a_lean_step_reads_weights_written_in_place(
     """A merge writes the copy's weights in place: the next step multiplies by the new
     values (no library keeps a converted copy of the old ones)."""
     monkeypatch.setenv("ART_DECODE_GEMM", gemm)
-    model = _tiny("llama")
+    model = tiny_causal_lm("llama")
     lean = LeanDecoder.of(model)
     assert lean is not None
     ids = torch.tensor([[5, 17, 42, 7, 99]])
@@ -466,14 +444,14 @@ def test_a_lean_step_reads_weights_written_in_place(
 def test_lean_decode_shares_the_models_weights() -> None:
     """The fused projections are the model's own weights: a write to one (as a merge
     makes) changes both the transformers model and the lean step."""
-    model = _tiny("llama")
+    model = tiny_causal_lm("llama")
     lean = LeanDecoder.of(model)
     assert lean is not None
     q_proj = model.model.layers[0].self_attn.q_proj.weight
     with torch.no_grad():
         q_proj.add_(1.0)
     assert torch.equal(lean.layers[0].qkv[: q_proj.shape[0]], q_proj)
-    assert LeanDecoder.of(_tiny("gpt2")) is None  # an architecture it does not reproduce
+    assert LeanDecoder.of(tiny_causal_lm("gpt2")) is None  # an architecture it does not reproduce
 
 
 @pytest.mark.parametrize("targets", [("q_proj", "lm_head")])
