@@ -48,6 +48,12 @@ needs_cuda = pytest.mark.skipif(
 # (script, options after --quick, lines its output must hold), one entry per run.
 RUNS = [
     pytest.param(
+        "client_pool",
+        [],
+        ["machine: ", "AsyncOpenAI(), the SDK's own client", "ours / the SDK's own client"],
+        id="client_pool",
+    ),
+    pytest.param(
         "decode_profile",
         [],
         ["machine: ", "matmul floor (the step's GEMMs)", "ours / matmul floor", "aten::mm"],

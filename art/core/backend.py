@@ -29,7 +29,8 @@ class InferenceEndpoint(BaseModel):
 
     `model_name` is the `model` value the endpoint routes to this model, where it differs
     from the model's name (LocalBackend serves `project/name`). `http_transport` (an
-    `httpx.AsyncBaseTransport`), where a backend gives one, carries the model's OpenAI
+    async transport of the OpenAI SDK's HTTP library, `openai_http()`: httpx2's from SDK 3
+    on), where a backend gives one, carries the model's OpenAI
     client's requests: LocalBackend's names a dead service process.
     """
 

@@ -164,7 +164,7 @@ class Model(ConfigModel):
     def openai_client(self) -> AsyncOpenAI:
         """An `AsyncOpenAI` client for this model's endpoint (one per model, reused).
 
-        Its httpx transport records this model's chat completions into the rollout being
+        Its transport records this model's chat completions into the rollout being
         captured (`art.capture_auto_trajectory`), if any; requests for other models pass
         through unrecorded.
         """
@@ -183,26 +183,32 @@ class Model(ConfigModel):
                 f"model {self.name!r} has no inference endpoint",
                 "Pass inference_base_url and inference_api_key to art.Model",
             )
-        import httpx
         from openai import AsyncOpenAI
 
         from .capture.recording import RecordingAsyncTransport, served_as
+        from .openai_http import openai_http, pool_limits
 
-        # A long rollout turn on a busy CPU engine is not a failure.
-        timeout = httpx.Timeout(1200.0, connect=10.0)
-        # The OpenAI SDK's own pool limits, which an httpx client of our own would lower.
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        transport = RecordingAsyncTransport(
-            self._http_transport or httpx.AsyncHTTPTransport(limits=limits),
+        # On the OpenAI SDK's own HTTP library (httpx2 from SDK 3 on: its connection pool
+        # holds up under hundreds of concurrent rollouts, httpx's does not; see
+        # `openai_http`), as is the backend's transport where it gives one.
+        http = openai_http()
+        recording: Any = RecordingAsyncTransport
+        if http.__name__ == "httpx2":
+            from .capture.recording_httpx2 import Httpx2RecordingAsyncTransport
+
+            recording = Httpx2RecordingAsyncTransport
+        transport = recording(
+            self._http_transport or http.AsyncHTTPTransport(limits=pool_limits(http)),
             accepts=served_as(self),
         )
         self._openai_client = AsyncOpenAI(
             base_url=self.inference_base_url,
             api_key=self.inference_api_key or "none",
             timeout=1200.0,
-            # OpenAI SDK 3 types this as its httpx2 fork's client but takes httpx's too,
-            # which older SDKs need.
-            http_client=httpx.AsyncClient(transport=transport, timeout=timeout),  # type: ignore[arg-type]
+            # A long rollout turn on a busy CPU engine is not a failure.
+            http_client=http.AsyncClient(
+                transport=transport, timeout=http.Timeout(1200.0, connect=10.0)
+            ),
         )
         return self._openai_client
 

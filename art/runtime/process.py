@@ -15,13 +15,12 @@ the socket's temporary directory is removed as soon as the child has connected, 
 exit path leaves it.
 
 A child that died is named by the call it was answering, inference included (the model's
-OpenAI client goes through `ServiceTransport`, which answers 503 saying so), and replaced
+OpenAI client goes through `service_transport`'s transport, which answers 503 saying so), and replaced
 at once by a new child serving the same models at the same address.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
@@ -36,11 +35,9 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
-
-import httpx
 
 from ..core.data.errors import BackendError
 from .service.api import ServiceAPI
@@ -294,104 +291,6 @@ def _start_child(
                     f"the model service process did not start (exit code {process.returncode})"
                 ) from error
             raise
-
-
-class ServiceTransport(httpx.AsyncBaseTransport):
-    """A transport for the OpenAI client of the child's endpoint that names a dead child.
-
-    A request in flight when the child died is answered 503 with the death's text in
-    OpenAI's error shape, which the OpenAI client raises as is. A request made while a
-    new child starts waits for it (up to `restart_wait` seconds); one made when it could
-    not be started is answered 503 saying why.
-    """
-
-    def __init__(self, service: ServiceProcess, restart_wait: float = 300.0) -> None:
-        self._service = service
-        self._restart_wait = restart_wait
-        # The OpenAI SDK's own pool limits, which httpx's defaults would lower.
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-        self._inner = httpx.AsyncHTTPTransport(limits=limits)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        service = self._service
-        deadline = time.monotonic() + self._restart_wait
-        while (failure := service.failure()) is not None and time.monotonic() < deadline:
-            if service.restart_failed():
-                break
-            await asyncio.sleep(0.1)
-        deaths = service.deaths
-        if failure is None:
-            try:
-                response = await self._inner.handle_async_request(request)
-            except httpx.TransportError:
-                failure = await _death_since(service, deaths)
-                if failure is None:
-                    raise
-            else:
-                events = response.headers.get("content-type", "").startswith("text/event-stream")
-                response.stream = _StreamNamingDeath(response.stream, service, deaths, events)
-                return response
-        error = {"message": failure, "type": "server_error", "param": None, "code": "service_died"}
-        return httpx.Response(503, json={"error": error}, request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _StreamNamingDeath(httpx.AsyncByteStream):
-    """A response body that, cut off by the child's death, says so: a server-sent event
-    stream ends on an event `{"error": {...}}` (what the OpenAI SDK raises as `APIError`,
-    and what the endpoint sends when a generation fails), any other body raises
-    `httpx.RemoteProtocolError` with the death's text. An event stream passes on whole
-    events only (the endpoint's end in a blank line), so the error event never follows
-    half of one."""
-
-    def __init__(self, inner: Any, service: ServiceProcess, deaths: int, events: bool) -> None:
-        self._inner, self._service, self._deaths = inner, service, deaths
-        self._event_stream = events
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        pending = b""
-        try:
-            async for part in self._inner:
-                if not self._event_stream:
-                    yield part
-                    continue
-                pending += part
-                end = pending.rfind(b"\n\n") + 2  # the endpoint ends its events so
-                if end >= 2:
-                    yield pending[:end]
-                    pending = pending[end:]
-            if pending:
-                yield pending
-        except httpx.TransportError as error:
-            failure = await _death_since(self._service, self._deaths)
-            if failure is None:
-                raise
-            if not self._event_stream:
-                raise httpx.RemoteProtocolError(failure) from error
-            died = {
-                "message": failure,
-                "type": "server_error",
-                "param": None,
-                "code": "service_died",
-            }
-            yield f"data: {json.dumps({'error': died})}\n\n".encode()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-async def _death_since(service: ServiceProcess, deaths: int) -> str | None:
-    """Why the child died since `service.deaths` was `deaths`, if it did; None if the
-    connection broke with the child alive (waiting a moment for its exit to be seen)."""
-    for _ in range(50):
-        if service.deaths != deaths:
-            return service.death()
-        if service.failure() is not None:
-            return service.failure()
-        await asyncio.sleep(0.02)
-    return None
 
 
 def main() -> None:

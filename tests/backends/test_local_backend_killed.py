@@ -28,6 +28,7 @@ from helpers import save_random_llama
 from safetensors.torch import load_file
 
 import art
+from art.core.openai_http import openai_http
 from art.local import LocalBackend
 
 pytestmark = pytest.mark.model  # starts model service processes
@@ -96,6 +97,12 @@ async def test_a_killed_service_fails_the_call_and_the_next_call_finds_a_working
         await model.register(backend)
         model_dir = path / "killed" / "models" / "kept"
         client = model.openai_client()
+        # The client and the transport under it (which names a death) are on the OpenAI
+        # SDK's own HTTP library: httpx2 for SDK 3, whose pool holds up under hundreds of
+        # concurrent requests where httpx's stalls (`art.core.openai_http`).
+        http = openai_http()
+        assert isinstance(client._client, http.AsyncClient), type(client._client)
+        assert isinstance(model._http_transport, http.AsyncBaseTransport)
         raw = httpx.AsyncClient(
             base_url=model.inference_base_url or "",
             headers={"Authorization": f"Bearer {model.inference_api_key}"},

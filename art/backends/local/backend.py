@@ -555,6 +555,7 @@ class LocalBackend:
 
 def _transport(service: ServiceAPI) -> Any:
     """The child process's transport, which names the child if it died; None in-process."""
-    from ...runtime.process import ServiceProcess, ServiceTransport
+    from ...runtime.process import ServiceProcess
+    from ...runtime.service_transport import service_transport
 
-    return ServiceTransport(service) if isinstance(service, ServiceProcess) else None
+    return service_transport(service) if isinstance(service, ServiceProcess) else None

@@ -41,6 +41,7 @@ import httpx
 from ...core.capture.recording import RecordingAsyncTransport, RecordingTransport
 from ...core.data.errors import ArtValueError, RolloutError
 from ...core.data.trajectories import Trajectory
+from ...core.openai_http import pool_limits
 from ._assemble import conversations, fill
 from ._recorder import RecordedCall, Recorder, current_recorder, recording
 
@@ -162,7 +163,7 @@ def _recording_client(*, sync: bool) -> Any:
         )
 
         http, recording = httpx2, (Httpx2RecordingTransport, Httpx2RecordingAsyncTransport)
-    limits = http.Limits(max_connections=1000, max_keepalive_connections=100)
+    limits = pool_limits(http)
     transport: Any
     if sync:
         transport, client = recording[0](http.HTTPTransport(limits=limits)), http.Client
