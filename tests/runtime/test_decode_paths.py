@@ -296,6 +296,51 @@ def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
         engine.close()
 
 
+def test_a_prompt_seen_before_takes_one_prefill_call_and_its_prefix_is_kept(
+    default_model: tuple[Any, Any],
+) -> None:
+    """A prompt that comes back alone (a retried rollout, the next turn of a loop over a few
+    prompts) shares its whole prefix with its own earlier self only, so computing that
+    prefix in a call of its own saves nothing now: it runs in one model call from the
+    cached template opening, its prefix is kept from that call, and the next time it is
+    taken from the cache. Every logprob is still the full pass's."""
+    model, tokenizer = default_model
+    engine = _engine(model, tokenizer)
+    calls: list[int] = []  # tokens per call of the engine's (with a cache) to the model
+
+    def count(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+        if "past_key_values" in kwargs:
+            calls.append(kwargs["input_ids"].shape[1])
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        first = _prompts(tokenizer)
+        again = first[2] + first[2][-18:]  # a prompt longer than the opening by 16+ tokens
+        # Unseeded (seeded requests skip the cache); one token, so no decode step follows
+        # the prefill and every call counted is a prefill call.
+        params = SamplingParams(max_tokens=1, temperature=1.0)
+        _sample_all(engine, [*first, again], params, adapter=None)
+        opening = engine._prefixes.longest(None, tuple(again))
+        assert opening is not None
+        assert opening[0] < len(again) - 1  # the template's opening only
+        for time in range(2):
+            calls.clear()
+            saved = engine._prefixes.saved
+            [sample, _] = _sample_all(engine, [again], params, adapter=None)
+            assert len(calls) == 1, (time, calls)
+            kept = engine._prefixes.longest(None, tuple(again))
+            assert kept is not None
+            assert kept[0] == len(again) - 1, (time, kept[0])
+            taken = engine._prefixes.saved - saved
+            assert taken == (opening[0] if time == 0 else len(again) - 1), (time, taken)
+            full = _full_forward_logprobs(model, again, sample.token_ids)
+            got = torch.tensor(sample.logprobs)
+            assert torch.allclose(full, got, atol=1e-4), (full - got).abs().max()
+    finally:
+        hook.remove()
+        engine.close()
+
+
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(

@@ -81,12 +81,26 @@ class BatchDecoder:
         groups: dict[Prompt, list[int]] = {}
         for i, prefix in enumerate(chosen):
             groups.setdefault(coarse.get(prefix, prefix), []).append(i)
+        # A prefix that only one prompt of this prefill starts with saves nothing now, so
+        # it gets no model call of its own where it is not cached whole: its prompt runs
+        # from the part that is cached (beside the other prompts that start with that),
+        # and the prefix's keys and values are kept from that run, for later prompts.
+        runs: dict[Prompt, list[tuple[int, Prompt]]] = {}  # run from -> (prompt, to keep)
+        for prefix, members in groups.items():
+            found = self.prefixes.longest(adapter, prefix) if len(members) == 1 else None
+            if prefix and len(members) == 1 and (found is None or found[0] < len(prefix)):
+                cached = prefix[: found[0]] if found is not None else ()
+                runs.setdefault(cached, []).append((members[0], prefix))
+            else:
+                runs.setdefault(prefix, []).extend((i, ()) for i in members)
         order: list[int] = []
         batch: Batch | None = None
-        for prefix, members in groups.items():
-            part = self._prefill_group(prefix, [distinct[i] for i in members], adapter, device)
+        for start, run in runs.items():
+            texts = [distinct[i] for i, _ in run]
+            part = self._prefill_group(start, texts, adapter, device)
+            self._keep_prefixes(part, start, texts, [keep for _, keep in run], adapter)
             batch = part if batch is None else stack(batch, part)
-            order += members
+            order += [i for i, _ in run]
         for prompt in distinct:
             self.prefixes.remember(prompt)
         assert batch is not None
@@ -136,6 +150,23 @@ class BatchDecoder:
         )
         logits = output.logits[:, -1, :].float()
         return Batch([], cache, attention, positions[:, -1:] + 1, logits)
+
+    def _keep_prefixes(
+        self,
+        part: Batch,
+        prefix: Prompt,
+        prompts: list[Prompt],
+        keep: list[Prompt],
+        adapter: str | None,
+    ) -> None:
+        """Cache `keep[i]` (a prefix of `prompts[i]`, or empty) from the prefill `part` of
+        `prompts` from `prefix`, whose rows are laid out as [prefix | left padding | rest]."""
+        longest = max(len(prompt) - len(prefix) for prompt in prompts)
+        for row, (prompt, kept) in enumerate(zip(prompts, keep, strict=True)):
+            if kept:
+                padding = longest - (len(prompt) - len(prefix))
+                layers = kv_cache.row_prefix(part.cache, row, len(kept), len(prefix), padding)
+                self.prefixes.put(adapter, kept, layers)
 
     def _prefix_kv(
         self, prefix: Prompt, adapter: str | None, device: torch.device

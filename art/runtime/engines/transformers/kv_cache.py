@@ -240,15 +240,22 @@ def with_prefix(prefix: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> C
     return Cache(layers=layers)
 
 
-def row_prefix(cache: Cache, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copies of the first `length` cached positions of `row`, per layer (for `with_prefix`)."""
+def row_prefix(
+    cache: Cache, row: int, length: int, gap_at: int = 0, gap: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the first `length` cached positions of `row`, per layer (for `with_prefix`),
+    skipping `gap` positions from `gap_at` on: the left padding of a row laid out as
+    [prefix | padding | rest of the prompt]."""
     prefix = []
     for layer in cache.layers:
         assert isinstance(layer, GrowingLayer)
-        keys, values = layer._filled(keys=True), layer._filled(keys=False)
-        prefix.append(
-            (keys[row : row + 1, :, :length].clone(), values[row : row + 1, :, :length].clone())
-        )
+        parts = []
+        for tensor in (layer._filled(keys=True), layer._filled(keys=False)):
+            kept = tensor[row : row + 1, :, : length + gap]
+            if gap:
+                kept = torch.cat([kept[:, :, :gap_at], kept[:, :, gap_at + gap :]], dim=2)
+            parts.append(kept.clone())
+        prefix.append((parts[0], parts[1]))
     return prefix
 
 
