@@ -9,7 +9,10 @@ message), so prefilling it once per request is most of the prefill work.
 A prefix is kept once two prompts seen are found to share it (at least `min_tokens`
 tokens, not the whole of either, and `min_tokens` more than the longest cached prefix):
 the longest common prefix of a new prompt with the other prompts of its prefill and the
-last `remembered` prompts. Entries are per adapter
+last `remembered` prompts. A prefix several prompts of one prefill share is prefilled once,
+in a call of its own; one that only a single prompt of the prefill has (its own earlier
+self, or a conversation's last turn) is kept from that prompt's prefill, which costs no
+call more (`BatchDecoder.prefill`). Entries are per adapter
 and dropped whenever the weights change (`clear`); the least recently used goes first
 beyond `capacity` entries or `max_bytes` of keys and values (an agent's conversation of
 4k tokens holds ~90 MB of the default model's), and a prefix larger than `max_bytes`
