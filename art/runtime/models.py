@@ -166,7 +166,8 @@ class CpuKernels:
             gemm += ", or torch's BLAS at 1-2 rows where it times clearly faster"
         return (
             f"art: CPU kernels {self.capability}, {bf16}: dtype 'auto' is {dtype} "
-            "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels); "
+            "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels, "
+            "and ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 the matmul libraries'); "
             f"float32 decode steps multiply with {gemm} (ART_DECODE_GEMM=onednn|blas)"
         )
 
