@@ -87,10 +87,12 @@ class BatchDecoder:
         # and the prefix's keys and values are kept from that run, for later prompts.
         runs: dict[Prompt, list[tuple[int, Prompt]]] = {}  # run from -> (prompt, to keep)
         for prefix, members in groups.items():
-            found = self.prefixes.longest(adapter, prefix) if len(members) == 1 else None
-            if prefix and len(members) == 1 and (found is None or found[0] < len(prefix)):
-                cached = prefix[: found[0]] if found is not None else ()
-                runs.setdefault(cached, []).append((members[0], prefix))
+            cached = len(prefix)
+            if prefix and len(members) == 1:
+                found = self.prefixes.longest(adapter, prefix)
+                cached = found[0] if found is not None else 0
+            if cached < len(prefix):
+                runs.setdefault(prefix[:cached], []).append((members[0], prefix))
             else:
                 runs.setdefault(prefix, []).extend((i, ()) for i in members)
         order: list[int] = []

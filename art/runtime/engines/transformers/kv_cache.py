@@ -252,9 +252,10 @@ def row_prefix(
         parts = []
         for tensor in (layer._filled(keys=True), layer._filled(keys=False)):
             kept = tensor[row : row + 1, :, : length + gap]
-            if gap:
-                kept = torch.cat([kept[:, :, :gap_at], kept[:, :, gap_at + gap :]], dim=2)
-            parts.append(kept.clone())
+            if gap:  # the concatenation is a copy already
+                parts.append(torch.cat([kept[:, :, :gap_at], kept[:, :, gap_at + gap :]], dim=2))
+            else:
+                parts.append(kept.clone())
         prefix.append((parts[0], parts[1]))
     return prefix
 
