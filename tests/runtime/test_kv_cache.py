@@ -108,3 +108,26 @@ def test_a_dwindled_batch_growing_does_not_keep_the_rows_that_left() -> None:
     assert layer.room[0] == layer.rows == 1
     assert layer.keys.shape == (1, 2, 4 + room, 4)
     assert float(layer.keys[:, :, 4:].min()) == 1.0
+
+
+def test_a_rows_prefix_skips_the_left_padding_between_prefix_and_rest() -> None:
+    """A prefill from a cached prefix lays a row out as [prefix | left padding | rest];
+    the prefix kept from it (`row_prefix`) is the prefix's positions and then the rest's,
+    without the padding, in both keys and values."""
+    from transformers import Cache
+
+    from art.runtime.engines.transformers.kv_cache import row_prefix
+
+    layer = GrowingLayer()
+    positions = torch.arange(10, dtype=torch.float32)
+    keys = positions.view(1, 1, 10, 1).expand(2, 1, 10, 1).clone()
+    keys[1] += 100  # row 1 is told apart from row 0
+    layer.update(keys, -keys)
+    cache = Cache(layers=[layer])
+    # Row 1: a 3-position prefix, 4 of padding (positions 3-6), then its own 3 positions;
+    # its kept prefix is 5 long: the prefix and the first 2 of the rest.
+    [(kept_keys, kept_values)] = row_prefix(cache, 1, 5, gap_at=3, gap=4)
+    assert kept_keys.flatten().tolist() == [100.0, 101.0, 102.0, 107.0, 108.0]
+    assert torch.equal(kept_values, -kept_keys)
+    [(whole, _)] = row_prefix(cache, 0, 4)  # no padding: the first positions as they are
+    assert whole.flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
