@@ -59,7 +59,7 @@ GROUPS = (
             "mkldnn::_linear_pointwise",
         ),
     ),
-    ("attention softmax", ("aten::_softmax", "aten::softmax")),
+    ("attention", ("scaled_dot_product", "aten::_softmax", "aten::softmax")),
     ("sampling", ("multinomial", "aten::exponential", "aten::topk", "aten::sort", "argmax")),
     (
         "copies and layout",

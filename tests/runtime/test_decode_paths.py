@@ -341,21 +341,23 @@ def test_a_prompt_seen_before_takes_one_prefill_call_and_its_prefix_is_kept(
         engine.close()
 
 
+@pytest.mark.parametrize("prompt", [9, 1100], ids=["short", "long"])
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(
-    model_type: str, gemm: str, monkeypatch: pytest.MonkeyPatch
+    model_type: str, gemm: str, prompt: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In float32 (the tiny model's dtype) through either library a decode step's
-    matmuls can go to (`ART_DECODE_GEMM`)."""
+    matmuls can go to (`ART_DECODE_GEMM`), over a few positions and over more than the
+    fused attention kernel takes in one block of keys."""
     monkeypatch.setenv("ART_DECODE_GEMM", gemm)
-    model = tiny_causal_lm(model_type)
+    model = tiny_causal_lm(model_type, max_positions=2048)
     lean = LeanDecoder.of(model)
     assert lean is not None
     assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
     # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
-    ids = torch.randint(1, 300, (2, 9), generator=torch.Generator().manual_seed(1))
-    attention = torch.ones(2, 9, dtype=torch.long)
+    ids = torch.randint(1, 300, (2, prompt), generator=torch.Generator().manual_seed(1))
+    attention = torch.ones(2, prompt, dtype=torch.long)
     attention[1, :3] = 0
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = kv_cache.new_cache()
