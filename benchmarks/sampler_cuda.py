@@ -13,7 +13,9 @@ token, the same chat prompts (of different lengths) on every side:
   an end-of-turn token: tokens/s counts the tokens each returned).
 
 Then where a decode step's time goes, at R rows: milliseconds per step of the graphed
-static step, the same step run eagerly, and transformers' forward pass with our cache.
+static step, the same with the fused attention kernel a CPU's step uses (its first GPU
+run: a failure is printed), the step run eagerly, and transformers' forward pass with our
+cache.
 
 Each of ours runs once to warm up (graph captures, cuBLAS's heuristics) and once measured;
 `generate` is warmed up on a small batch first.
@@ -127,18 +129,36 @@ def with_engine(engine: TransformersEngine, ids: list[list[int]], tokens: int) -
 
 
 def step_milliseconds(
-    model: Any, lean: LeanDecoder, tokenizer: Any, ids: list[list[int]], steps: int
-) -> dict[str, float]:
+    model: Any,
+    lean: LeanDecoder,
+    fused: LeanDecoder,
+    tokenizer: Any,
+    ids: list[list[int]],
+    steps: int,
+) -> dict[str, float | str]:
     """Milliseconds per decode step at len(ids) rows: the engine's whole step (sampling,
     the rows' bookkeeping, the graphed model step), the graphed model step alone, the same
-    run eagerly, and transformers' forward pass."""
-    sides: dict[str, Any] = {
-        "graphed static step": StaticDecoder(lean, graphs=True).step,
-        "eager static step": StaticDecoder(lean, graphs=False).step,
-        "transformers forward": None,
+    run eagerly, transformers' forward pass, and the graphed step with the fused attention
+    kernel a CPU's step uses (`fused`; never run on a GPU before: a failure is printed,
+    not raised)."""
+    timings: dict[str, float | str] = {
+        "engine step": _engine_step(model, lean, tokenizer, ids, steps),
+        "graphed static step": _time_steps(
+            model, StaticDecoder(lean, graphs=True).step, ids, steps
+        ),
     }
-    timings = {"engine step": _engine_step(model, lean, tokenizer, ids, steps)}
-    return timings | {name: _time_steps(model, step, ids, steps) for name, step in sides.items()}
+    eager = StaticDecoder(lean, graphs=False).step
+    timings["eager static step"] = _time_steps(model, eager, ids, steps)
+    timings["transformers forward"] = _time_steps(model, None, ids, steps)
+    # Last: a capture that fails may leave the device unusable for what would follow.
+    try:
+        graphed_fused = StaticDecoder(fused, graphs=True).step
+        timings["graphed static step, fused attention"] = _time_steps(
+            model, graphed_fused, ids, steps
+        )
+    except Exception as error:  # a kernel that cannot be captured is a finding, not a stop
+        timings["graphed static step, fused attention"] = f"failed ({type(error).__name__})"
+    return timings
 
 
 def _engine_step(
@@ -285,7 +305,9 @@ def main() -> None:
         merged=MergedCopy(model, plain),
     )
     lean = LeanDecoder.of(plain)  # for the step timings (fuses its own copy of the projections)
+    fused = LeanDecoder.of(plain, attention="fused")
     assert lean is not None
+    assert fused is not None
     with_generate(model, tokenizer, prompts(tokenizer, 4), 8)  # CUDA and cuBLAS warm up
     try:
         for rows in args.rows:
@@ -300,10 +322,13 @@ def main() -> None:
                 f"{engine.decode_graphs_captured}",
                 flush=True,
             )
-            parts = step_milliseconds(plain, lean, tokenizer, ids, steps=20)
+            parts = step_milliseconds(plain, lean, fused, tokenizer, ids, steps=20)
             print(
                 f"{rows} rows, ms per decode step: "
-                + "; ".join(f"{name} {ms:.2f}" for name, ms in parts.items()),
+                + "; ".join(
+                    f"{name} {ms:.2f}" if isinstance(ms, float) else f"{name} {ms}"
+                    for name, ms in parts.items()
+                ),
                 flush=True,
             )
     finally:

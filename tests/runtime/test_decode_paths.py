@@ -342,18 +342,21 @@ def test_a_prompt_seen_before_takes_one_prefill_call_and_its_prefix_is_kept(
 
 
 @pytest.mark.parametrize("prompt", [9, 1100], ids=["short", "long"])
+@pytest.mark.parametrize("attention", ["fused", "matmul"])
 @pytest.mark.parametrize("gemm", ["onednn", "blas"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(
-    model_type: str, gemm: str, prompt: int, monkeypatch: pytest.MonkeyPatch
+    model_type: str, gemm: str, attention: Any, prompt: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In float32 (the tiny model's dtype) through either library a decode step's
-    matmuls can go to (`ART_DECODE_GEMM`), over a few positions and over more than the
-    fused attention kernel takes in one block of keys."""
+    matmuls can go to (`ART_DECODE_GEMM`), with either attention (a CPU's fused kernel,
+    a GPU's two matmuls: CI has no GPU, so its attention is held here), over a few
+    positions and over more than the fused kernel takes in one block of keys."""
     monkeypatch.setenv("ART_DECODE_GEMM", gemm)
     model = tiny_causal_lm(model_type, max_positions=2048)
-    lean = LeanDecoder.of(model)
+    lean = LeanDecoder.of(model, attention=attention)
     assert lean is not None
+    assert lean.attention == attention
     assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
     # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
     ids = torch.randint(1, 300, (2, prompt), generator=torch.Generator().manual_seed(1))
@@ -378,6 +381,15 @@ def test_lean_decode_steps_give_transformers_logits(
                 assert torch.allclose(logits[row], full, atol=1e-4), (
                     (logits[row] - full).abs().max()
                 )
+
+
+def test_a_cpu_decodes_with_the_fused_attention_and_an_unknown_attention_is_refused() -> None:
+    model = tiny_causal_lm("llama")
+    lean = LeanDecoder.of(model)
+    assert lean is not None
+    assert lean.attention == "fused"
+    with pytest.raises(ValueError, match="attention='flash'"):
+        LeanDecoder.of(model, attention="flash")  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not models.onednn_linear_available(), reason="this torch has no oneDNN linear")

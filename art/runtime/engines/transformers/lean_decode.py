@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,7 @@ _BLAS_ROW_CANDIDATES = (1, 2)
 _BLAS_MARGIN = 1.25
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Attention = Literal["fused", "matmul"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,15 @@ class _Layer:
 
 
 class LeanDecoder:
-    """Decode steps for `model` (a plain causal LM of a `SUPPORTED` type, no grad)."""
+    """Decode steps for `model` (a plain causal LM of a `SUPPORTED` type, no grad).
 
-    def __init__(self, model: Any) -> None:
+    `attention`: "fused" (torch's fused kernel, a CPU's default) or "matmul" (two matmuls
+    and a softmax, a GPU's default: what its CUDA graphs were measured with).
+    """
+
+    def __init__(self, model: Any, attention: Attention | None = None) -> None:
+        if attention not in (None, "fused", "matmul"):
+            raise ValueError(f"attention={attention!r}: give 'fused', 'matmul' or None")
         config = model.config
         self.model = model
         self.heads = config.num_attention_heads
@@ -83,16 +90,16 @@ class LeanDecoder:
         self.layers = [self._fuse(layer) for layer in decoder.layers]
         first = self.layers[0]
         self.linear: Callable[..., torch.Tensor] = F.linear  # on a GPU: cuBLAS
-        # On a GPU the step keeps the attention its CUDA graphs were measured with.
-        self._attend: Attend = _matmul_attention
-        if self.norm.device.type == "cpu":
-            self._attend = _fused_attention
+        on_cpu = self.norm.device.type == "cpu"
+        self.attention: Attention = attention or ("fused" if on_cpu else "matmul")
+        self._attend: Attend = _fused_attention if self.attention == "fused" else _matmul_attention
+        if on_cpu:
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
             )
 
     @classmethod
-    def of(cls, model: Any) -> LeanDecoder | None:
+    def of(cls, model: Any, attention: Attention | None = None) -> LeanDecoder | None:
         """A decoder for `model`, or None where its architecture is not one this reproduces."""
         config = model.config
         model_type = getattr(config, "model_type", None)
@@ -107,7 +114,7 @@ class LeanDecoder:
         )
         if unsupported:
             return None
-        return cls(model)
+        return cls(model, attention)
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
