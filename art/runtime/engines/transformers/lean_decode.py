@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import models
+from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
 
 logger = logging.getLogger("art.engine")
@@ -92,7 +93,7 @@ class LeanDecoder:
         self.linear: Callable[..., torch.Tensor] = F.linear  # on a GPU: cuBLAS
         on_cpu = self.norm.device.type == "cpu"
         self.attention: Attention = attention or ("fused" if on_cpu else "matmul")
-        self._attend: Attend = _fused_attention if self.attention == "fused" else _matmul_attention
+        self._attend: Attend = grouped_attention if self.attention == "fused" else _matmul_attention
         if on_cpu:
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
@@ -167,7 +168,7 @@ class LeanDecoder:
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         hidden = self.embed(tokens)  # [rows, width]
-        if self._attend is _fused_attention:  # its mask: [rows, 1, 1, positions], the dtype's
+        if self.attention == "fused":  # its mask: [rows, 1, 1, positions], the dtype's
             mask = mask.view(rows, 1, 1, -1).to(hidden.dtype)
         cos, sin = self.rotary(hidden, positions)  # [rows, 1, head_dim]
         q_width = heads * head_dim
@@ -202,17 +203,6 @@ def _matmul_attention(
     scores = torch.matmul(keys, query.transpose(-1, -2)).float().mul_(scale)
     weights = torch.softmax(scores.add_(mask), dim=-2).to(values.dtype)
     return torch.matmul(weights.transpose(-1, -2), values)
-
-
-def _fused_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """The same through torch's fused attention kernel (`mask` [rows, 1, 1, positions]):
-    a group's queries stand as one kv head's query positions, none causal to the keys.
-    On a CPU 0.35-0.7x the time of `_matmul_attention` in float32 and 0.17-0.6x in bfloat16
-    (1-32 rows, 64-2048 positions, the default model's heads), and what transformers'
-    own forward pass uses (`sdpa`)."""
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
 
 
 def linear_for(
