@@ -12,9 +12,19 @@ trainer has it).
 A watchdog kills the service when its RSS passes `--kill-above-gb` (default 10), so a
 trainer without bounded memory is recorded as "killed" instead of taking the machine down.
 
+`--agent langgraph` samples the trajectories instead: a real LangGraph ReAct agent
+(`art.langgraph`: `init_chat_model`, `wrap_rollout`) calls its tool, then is asked for a
+long, detailed report with up to T tokens (the default model at temperature 1 mostly
+writes to the limit), N rollouts in groups of 4 through the endpoint, then one
+`model.train`. The whole process tree's peak is printed as well (`tree_peak_rss_gb`,
+`tree_peak_pss_gb`: this process, the service and their children, summed, polled every
+0.1 s; RSS counts a page shared by two processes twice, PSS splits it), for the rollouts
+and the step, with the mean completion tokens sampled.
+
     python benchmarks/train_memory.py                     # 8x2048, 8x4096, 32x2048, 32x4096
     python benchmarks/train_memory.py --settings 8x2048   # one setting
     python benchmarks/train_memory.py --quick             # a smoke setting: 4x64
+    python benchmarks/train_memory.py --agent langgraph --settings 8x2048
 
 `--peer trl` runs TRL's `GRPOTrainer` instead, in a child process of its own, on the same
 sequences: its `rollout_func` hands it each trajectory's last prompt (system, user, tool
@@ -50,6 +60,7 @@ from support.machine import machine
 from support.trl_data import trl_dataset
 
 import art
+from art.core.gather import completion_tokens as sampled_tokens
 from art.local import LocalBackend
 from art.runtime import models
 
@@ -161,6 +172,118 @@ class Watchdog:
         self._thread.join()
 
 
+class TreePeak:
+    """Polls the summed RSS and PSS of a process tree (this process and its descendants)
+    every 0.1 s; `peak()` gives the highest sums since the last `reset()`."""
+
+    def __init__(self) -> None:
+        self._rss = self._pss = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            pids = tree_pids(os.getpid())
+            rss = sum(status_gb(pid, "VmRSS") for pid in pids)
+            pss = sum(pss_gb(pid) for pid in pids)
+            with self._lock:
+                self._rss, self._pss = max(self._rss, rss), max(self._pss, pss)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._rss = self._pss = 0.0
+
+    def peak(self) -> tuple[float, float]:
+        with self._lock:
+            return self._rss, self._pss
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and every process descended from it (/proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The command name may hold spaces and parentheses: fields follow the last ")".
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack += children.get(pid, [])
+    return found
+
+
+def pss_gb(pid: int) -> float:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024**2
+    return 0.0
+
+
+async def langgraph_groups(
+    model: art.TrainableModel, trajectories: int, completion_tokens: int
+) -> list[art.TrajectoryGroup]:
+    """`trajectories` rollouts of a LangGraph ReAct agent, in groups of 4: a forced call of
+    its weather tool, then a long report of up to `completion_tokens` tokens; the reward
+    is the report's length (every rollout trains)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    from art.langgraph import init_chat_model, wrap_rollout
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"{city}: sunny, 18 C, wind 3 m/s; last year's monthly averages on file"
+
+    async def rollout(index: int) -> art.Trajectory:
+        llm = init_chat_model(max_tokens=completion_tokens)
+
+        def choose_model(state: dict[str, Any], runtime: Any) -> Any:
+            # A 135M model will not call tools unprompted: force the call, then the report.
+            after_tool = isinstance(state["messages"][-1], ToolMessage)
+            forced = {"type": "function", "function": {"name": "get_weather"}}
+            return llm.bind_tools([get_weather], tool_choice="none" if after_tool else forced)
+
+        agent = create_react_agent(
+            choose_model, [get_weather], prompt="You are a helpful assistant. Use the tools."
+        )
+        question = (
+            f"Look up the weather in city number {index}, then write a very long, detailed "
+            "report on it, month by month, with many sections."
+        )
+        result = await agent.ainvoke({"messages": [("user", question)]})
+        last = result["messages"][-1]
+        report = str(last.content) if isinstance(last, AIMessage) else ""
+        return art.Trajectory(reward=len(report) / (4 * completion_tokens) + 1e-3 * index)
+
+    return await art.gather_trajectory_groups(
+        (
+            art.TrajectoryGroup(
+                wrap_rollout(model, rollout)(g * 4 + k) for k in range(min(4, trajectories))
+            )
+            for g in range(max(1, trajectories // 4))
+        ),
+        pbar_desc=None,
+    )
+
+
 def status_gb(pid: int, field: str) -> float:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
@@ -187,20 +310,31 @@ async def one_setting(
         service = backend._service
         pid = service._process.pid  # type: ignore[union-attr]
         loaded_gb = status_gb(pid, "VmRSS")
-        groups = [
-            art.TrajectoryGroup(
-                agent_trajectory(tokenizer, g * 4 + k, completion_tokens) for k in range(4)
-            )
-            for g in range(trajectories // 4)
-        ]
+        result: dict[str, Any] = {"loaded_gb": loaded_gb}
+        tree = TreePeak()
+        if args.agent == "langgraph":
+            started = time.monotonic()
+            groups = await langgraph_groups(model, trajectories, completion_tokens)
+            result["rollout_seconds"] = time.monotonic() - started
+            sampled = [sampled_tokens(t) for g in groups for t in g.trajectories]
+            result["completion_tokens"] = sum(sampled) / max(1, len(sampled))
+            result["rollouts_tree_peak_rss_gb"], result["rollouts_tree_peak_pss_gb"] = tree.peak()
+            tree.reset()
+        else:
+            groups = [
+                art.TrajectoryGroup(
+                    agent_trajectory(tokenizer, g * 4 + k, completion_tokens) for k in range(4)
+                )
+                for g in range(trajectories // 4)
+            ]
         trainer_pid = unsloth_child(pid) if args.peer == "unsloth" else None
         watchdogs = [Watchdog(p, args.kill_above_gb) for p in (pid, trainer_pid) if p]
         started = time.monotonic()
-        result: dict[str, Any] = {"loaded_gb": loaded_gb}
         try:
             await model.train(groups, config=art.TrainConfig(learning_rate=1e-5))
             result["seconds"] = time.monotonic() - started
             result["peak_rss_gb"] = status_gb(pid, "VmHWM")
+            result["tree_peak_rss_gb"], result["tree_peak_pss_gb"] = tree.peak()
             if trainer_pid is not None:
                 result["trainer_peak_rss_gb"] = status_gb(trainer_pid, "VmHWM")
             rows = [
@@ -219,6 +353,7 @@ async def one_setting(
                         f"killed by the watchdog at {watchdog.killed_at_gb:.1f} GB RSS"
                     )
         finally:
+            tree.stop()
             for watchdog in watchdogs:
                 watchdog.stop()
             await backend.close()
@@ -341,11 +476,19 @@ async def main() -> None:
         help="art.dev.TrainerArgs(memory_budget_gb=...) for the service; default: none set",
     )
     parser.add_argument("--peer", choices=["ours", "trl", "unsloth"], default="ours")
+    parser.add_argument(
+        "--agent",
+        choices=["synthesized", "langgraph"],
+        default="synthesized",
+        help="trajectories built as a ReAct agent's (default) or sampled by a LangGraph agent",
+    )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one setting, 4x64")
     args = parser.parse_args()
     if args.quick:
         args.settings = "4x64"
+    if args.agent == "langgraph" and args.peer == "trl":
+        parser.error("--peer trl trains the synthesized trajectories; leave --agent unset")
     if args.trl_child:
         n, t = (int(part) for part in args.trl_child.split("x"))
         trl_child(n, t)

@@ -179,11 +179,11 @@ RUNS = [
         ["machine: ", "32 rows: ", "constrained / unconstrained: "],
         id="structured_output",
     ),
-    pytest.param(
+    pytest.param(  # the synthesized trajectories run in train_memory-unsloth
         "train_memory",
-        [],
-        ["machine: ", "4 x 64 tokens: ", "peak_rss_gb="],
-        id="train_memory",
+        ["--agent", "langgraph"],
+        ["machine: ", "4 x 64 tokens: ", "completion_tokens=", "peak_rss_gb=", "tree_peak_pss_gb="],
+        id="train_memory-langgraph",
     ),
     pytest.param(
         "train_memory",
