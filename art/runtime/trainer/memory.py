@@ -87,12 +87,19 @@ class StepMemory:
 
     def bytes_per_token(self, checkpointed: bool) -> int:
         """Activation bytes per token of a micro-batch, backward's transients included."""
+        return self.bytes_per_token_checkpointing(self.layers if checkpointed else 0)
+
+    def bytes_per_token_checkpointing(self, layers: int) -> int:
+        """`bytes_per_token` with `layers` of the decoder layers checkpointed (0 to all)."""
         layer = self.layer_bytes_per_token()
-        if checkpointed:
-            # Each layer keeps only its input; backward recomputes one layer at a time
-            # and holds its activations, their gradients and the recompute's temporaries.
-            return self.layers * self.hidden * self.dtype_bytes + 3 * layer
-        return self.layers * layer + layer
+        if layers <= 0:
+            return self.layers * layer + layer
+        # A checkpointed layer keeps only its input; backward recomputes one such layer at
+        # a time and holds its activations, their gradients and the recompute's
+        # temporaries. The others keep all they save, as without checkpointing.
+        layers = min(layers, self.layers)
+        kept = (self.layers - layers) * layer
+        return kept + layers * self.hidden * self.dtype_bytes + 3 * layer
 
     def fixed_bytes(self) -> int:
         """Workspace of a step whatever its length: the LM-head chunk, gradients, AdamW."""
@@ -102,8 +109,20 @@ class StepMemory:
 
     def step_bytes(self, tokens: int, checkpointed: bool) -> int:
         """Estimated bytes a micro-batch of `tokens` tokens adds to the process at its peak."""
-        raw = tokens * self.bytes_per_token(checkpointed) + self.fixed_bytes()
+        return self.step_bytes_checkpointing(tokens, self.layers if checkpointed else 0)
+
+    def step_bytes_checkpointing(self, tokens: int, layers: int) -> int:
+        """`step_bytes` with `layers` of the decoder layers checkpointed (0 to all)."""
+        raw = tokens * self.bytes_per_token_checkpointing(layers) + self.fixed_bytes()
         return int(raw * _SAFETY)
+
+    def layers_to_checkpoint(self, tokens: int, available: int) -> int:
+        """The fewest decoder layers to checkpoint so a micro-batch of `tokens` tokens fits
+        in `available` bytes (`step_bytes_checkpointing`); all of them where none does."""
+        for layers in range(self.layers + 1):
+            if self.step_bytes_checkpointing(tokens, layers) <= available:
+                return layers
+        return self.layers
 
     def capacity(self, available: int, checkpointed: bool) -> int:
         """Most tokens one micro-batch may hold within `available` bytes (0: none fit)."""

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
 
 # Micro-batches of more tokens than this train with gradient checkpointing unless
 # TrainerArgs says otherwise: their activations, not the weights, would then dominate a
-# step's memory (about 1 GB for 1024 tokens of the 135M default model without it).
+# step's memory (the 135M default model keeps ~3 MB a token in float32, ~1.4 MB in bfloat16,
+# without it: 2026-12-01). A shorter one the budget cannot hold whole checkpoints the fewest
+# of its layers that bring it within the budget: each layer costs a part of a forward.
 CHECKPOINT_ABOVE_TOKENS = 1024
 
 
@@ -159,8 +161,12 @@ class _Batch:
 
     indices: list[int]
     tokens: int  # what its forward computes: a prefix shared by several sequences once
-    checkpointed: bool
+    checkpointed_layers: int  # decoder layers that recompute in backward: 0 to all
     shares_prefixes: bool  # laid out as a prefix tree (`shared_prefix.py`)
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.checkpointed_layers > 0
 
 
 @dataclass(frozen=True)
@@ -243,6 +249,13 @@ class PeftTrainer:
         # What transformers' `is_activation_checkpointing` reads, found once.
         self._checkpointable = [
             module for _, module in base_modules if hasattr(module, "gradient_checkpointing")
+        ]
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        self._decoder_layers = [
+            module
+            for module in self._checkpointable
+            if isinstance(module, GradientCheckpointingLayer)
         ]
         self._decoder = causal_lm.get_decoder()  # type: ignore[no-untyped-call]
         self._head = output_head(causal_lm)
@@ -466,14 +479,14 @@ class PeftTrainer:
         try:
             with self._own_rng(), frees:
                 for planned in plan.batches:
-                    self._checkpoint(planned.checkpointed)
+                    self._checkpoint(planned.checkpointed_layers)
                     chosen = [sequences[i] for i in planned.indices]
                     batch = MicroBatch.of(
                         chosen, advantages, self.device, share_prefixes=planned.shares_prefixes
                     )
                     long_rows = (
                         long_rows_returned()
-                        if lower and planned.checkpointed
+                        if lower and planned.checkpointed_layers >= memory.layers
                         else contextlib.nullcontext()
                     )
                     with long_rows:
@@ -822,11 +835,14 @@ class PeftTrainer:
                 tokens = sum(lengths[i] for i in indices)
             # Each micro-batch on its own: a long one is checkpointed, a short one of the
             # same step keeps its activations and saves the recompute.
-            checkpointed = (
-                forced if forced is not None else tokens > min(plain, CHECKPOINT_ABOVE_TOKENS)
-            )
-            batches.append(_Batch(indices, tokens, checkpointed, shares))
-            estimated = max(estimated, memory.step_bytes(tokens, checkpointed))
+            if forced is not None:
+                layers = memory.layers if forced else 0
+            elif tokens > CHECKPOINT_ABOVE_TOKENS:
+                layers = memory.layers
+            else:  # none where the budget holds it whole (tokens <= plain)
+                layers = memory.layers_to_checkpoint(tokens, budget.available)
+            batches.append(_Batch(indices, tokens, layers, shares))
+            estimated = max(estimated, memory.step_bytes_checkpointing(tokens, layers))
         return _Plan(batches=batches, in_use_bytes=budget.in_use, step_bytes=estimated)
 
     def _units(
@@ -963,15 +979,22 @@ class PeftTrainer:
         for module in self._base_dropouts:
             module.eval()
 
-    def _checkpoint(self, on: bool) -> None:
-        """Turn gradient (activation) checkpointing of the decoder layers on or off."""
-        if on and not self._checkpointing():
+    def _checkpoint(self, layers: int) -> None:
+        """Gradient (activation) checkpointing for the first `layers` decoder layers (0:
+        off, `StepMemory.layers`: all)."""
+        if layers <= 0:
+            self._stop_checkpointing()
+            return
+        if not self._checkpointing():
             if hasattr(self._causal_lm, "activation_checkpointing_enable"):
                 self._causal_lm.activation_checkpointing_enable({"use_reentrant": False})
             else:  # transformers before 5.23 named it gradient checkpointing
                 self._causal_lm.gradient_checkpointing_enable({"use_reentrant": False})  # type: ignore[no-untyped-call]
-        elif not on:
-            self._stop_checkpointing()
+        # Enabling sets every layer's `gradient_checkpointing` flag, which each layer reads
+        # on every call: the flags of the layers past `layers` are cleared. A model whose
+        # layers are not transformers' `GradientCheckpointingLayer` checkpoints them all.
+        for index, layer in enumerate(self._decoder_layers):
+            layer.gradient_checkpointing = index < layers
 
     def _eval_mode(self) -> None:
         self._stop_checkpointing()
