@@ -225,14 +225,7 @@ def tree_pids(root: int) -> list[int]:
 
 
 def pss_gb(pid: int) -> float:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024**2
-    return 0.0
+    return proc_field_gb(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 async def langgraph_groups(
@@ -285,8 +278,13 @@ async def langgraph_groups(
 
 
 def status_gb(pid: int, field: str) -> float:
+    return proc_field_gb(f"/proc/{pid}/status", field)
+
+
+def proc_field_gb(path: str, field: str) -> float:
+    """A `field:  N kB` line of a /proc file in GiB; 0.0 where the process is gone."""
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        text = Path(path).read_text()
     except OSError:
         return 0.0
     for line in text.splitlines():
