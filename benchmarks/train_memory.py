@@ -268,10 +268,8 @@ async def langgraph_groups(
 
     return await art.gather_trajectory_groups(
         (
-            art.TrajectoryGroup(
-                wrap_rollout(model, rollout)(g * 4 + k) for k in range(min(4, trajectories))
-            )
-            for g in range(max(1, trajectories // 4))
+            art.TrajectoryGroup(wrap_rollout(model, rollout)(g * 4 + k) for k in range(4))
+            for g in range(trajectories // 4)
         ),
         pbar_desc=None,
     )
@@ -485,6 +483,13 @@ async def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.settings = "4x64"
+    settings: list[tuple[int, int]] = []
+    for setting in args.settings.split(","):
+        n, _, t = setting.partition("x")
+        # Ours trains groups of 4 (rewards that differ in each): N is a whole number of them.
+        if not (n.isdigit() and t.isdigit()) or int(t) < 1 or int(n) < 4 or int(n) % 4:
+            parser.error(f"--settings {setting}: give NxT, N a multiple of 4, T at least 1")
+        settings.append((int(n), int(t)))
     if args.agent == "langgraph" and args.peer == "trl":
         parser.error("--peer trl trains the synthesized trajectories; leave --agent unset")
     if args.trl_child:
@@ -499,8 +504,7 @@ async def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
     print(f"machine: {machine()}; dtype {models.torch_dtype('auto')}")
-    for setting in args.settings.split(","):
-        n, t = (int(part) for part in setting.split("x"))
+    for n, t in settings:
         if args.peer == "trl":
             result = trl_setting(n, t, args)  # its seconds include loading, its own process
         else:
