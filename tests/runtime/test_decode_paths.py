@@ -8,7 +8,8 @@
 - The merged sampling copy (`merged.MergedCopy`) serves the adapter's current weights:
   its logprobs equal the PEFT-wrapped model's, and again after the adapter changes; its
   decode steps run through `lean_decode.LeanDecoder`, which gives transformers' own logits
-  for each architecture it takes.
+  for each architecture it takes. It holds only what merges write: the rest are the
+  wrapped model's tensors, and its own map of the weights file is gone.
 fp32 throughout, so the comparisons can be tight.
 """
 
@@ -28,7 +29,7 @@ from art.runtime.engines.base import SamplingParams
 from art.runtime.engines.transformers import kv_cache, lean_decode, sampling
 from art.runtime.engines.transformers.engine import TransformersEngine
 from art.runtime.engines.transformers.lean_decode import LeanDecoder
-from art.runtime.engines.transformers.merged import MergedCopy
+from art.runtime.engines.transformers.merged import MergedCopy, plain_model, share_unmerged
 from art.runtime.engines.transformers.prefix_cache import PrefixCache
 from art.runtime.trainer.peft_trainer import add_adapter
 
@@ -168,6 +169,7 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
     wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
+    share_unmerged(plain, plain_model(wrapped))  # as the engine's copy: embeddings shared
     engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
     assert engine._decoder.lean is not None  # the default model's decode steps skip transformers
     prompts = _prompts(tokenizer)[1:2]
@@ -194,6 +196,40 @@ def test_the_merged_copy_serves_the_adapters_current_weights(
         assert torch.allclose(full, torch.tensor(base_sample.logprobs), atol=1e-4)
     finally:
         engine.close()
+
+
+def test_the_merged_copy_holds_only_the_weights_merges_write(
+    default_model: tuple[Any, Any],
+) -> None:
+    """A copy loaded from the weights file, as the engine's is: after `share_unmerged` its
+    embeddings, LM head (still tied) and norms are the wrapped model's own tensors, each
+    linear layer's weight has memory of its own, and the copy's map of the file is gone."""
+    import gc
+
+    base, _ = default_model
+    wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+    weights = str(models.resolve(models.DEFAULT_MODEL).weights)
+
+    def maps_of_the_file() -> int:
+        with open("/proc/self/maps") as maps:
+            return sum(weights in line for line in maps)
+
+    before = maps_of_the_file()
+    plain, _ = models.load(models.resolve(models.DEFAULT_MODEL), "float32")
+    plain.requires_grad_(False)
+    assert maps_of_the_file() > before  # the test sees the map it expects to go
+    theirs = plain_model(wrapped)
+    share_unmerged(plain, theirs)
+    gc.collect()
+    assert maps_of_the_file() == before
+    assert plain.model.embed_tokens.weight is theirs.model.embed_tokens.weight
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight
+    assert plain.model.norm.weight is theirs.model.norm.weight
+    layer, their_layer = plain.model.layers[3], theirs.model.layers[3]
+    assert layer.input_layernorm.weight is their_layer.input_layernorm.weight
+    mine = layer.mlp.down_proj.weight
+    assert mine.data_ptr() != their_layer.mlp.down_proj.base_layer.weight.data_ptr()
+    assert torch.equal(mine, their_layer.mlp.down_proj.base_layer.weight)
 
 
 def test_merged_copy_rows_of_different_lengths_match_the_full_forward_pass(

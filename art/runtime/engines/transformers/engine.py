@@ -50,7 +50,7 @@ from .batch import Batch, BatchDecoder, join
 from .decode_graphs import StaticDecoder
 from .kv_cache import cache_bytes
 from .lean_decode import LeanDecoder
-from .merged import MergedCopy, mergeable, plain_model
+from .merged import MergedCopy, mergeable, plain_model, share_unmerged
 from .prefix_cache import PrefixCache
 from .rows import Request, RowStepper
 
@@ -447,6 +447,7 @@ def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
         return None
     plain, _ = models.load(spec.resolved, config.init_args.dtype, str(device))
     plain.requires_grad_(False)
+    share_unmerged(plain, plain_model(served))
     return MergedCopy(served, plain)
 
 
