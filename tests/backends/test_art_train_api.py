@@ -546,7 +546,16 @@ async def test_arts_packing_keywords_reach_the_trainer(backend: LocalBackend) ->
     the trainer's own tests (test_train_memory.py) show their effects on a step; here the
     step reports them: rows kept every sequence, and the plan counts the wider LM-head chunk
     (4 float32 [4096 x vocabulary] tensors instead of [341 x vocabulary], times 1.3)."""
-    model = art.TrainableModel(name="packing", project="train-api", base_model=BASE)
+    # A roomy budget of its own, so no micro-batch checkpoints layers to stay within the
+    # CPU's default bound (peft_trainer.CPU_MICRO_BATCH_BYTES): the head's chunk alone differs.
+    model = art.TrainableModel(
+        name="packing",
+        project="train-api",
+        base_model=BASE,
+        _internal_config=art.dev.InternalModelConfig(
+            trainer_args=art.dev.TrainerArgs(memory_budget_gb=64.0)
+        ),
+    )
     await model.register(backend)
     groups = await gather_groups(model)
     default = await backend.train(model, groups, learning_rate=1e-3)

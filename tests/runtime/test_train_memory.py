@@ -27,7 +27,11 @@ from art.runtime.trainer import memory
 from art.runtime.trainer.batching import MicroBatch, pack
 from art.runtime.trainer.logprobs import output_head, sampled_logprobs
 from art.runtime.trainer.memory import GIB, PeakMemory, StepMemory, large_frees_returned
-from art.runtime.trainer.peft_trainer import PeftTrainer, create_peft_model
+from art.runtime.trainer.peft_trainer import (
+    CPU_MICRO_BATCH_BYTES,
+    PeftTrainer,
+    create_peft_model,
+)
 from art.runtime.trainer.tokenize import tokenize_trajectory
 
 pytestmark = pytest.mark.model  # loads the default model or starts a model service
@@ -356,6 +360,45 @@ def test_the_fewest_layers_checkpointed_fit_the_bytes_available(
     assert step_memory.step_bytes_checkpointing(600, chosen - 1) > (whole + none) // 2
 
 
+def test_with_no_budget_a_cpu_micro_batch_checkpoints_the_layers_that_keep_it_in_bounds(
+    default_model: tuple[Any, Any],
+) -> None:
+    """#49: with no budget configured, a CPU micro-batch under CHECKPOINT_ABOVE_TOKENS whose
+    step is estimated over CPU_MICRO_BATCH_BYTES checkpoints the fewest layers that bring
+    it within (so a step's memory does not grow with an answer's length up to 1,024
+    tokens); a configured budget that holds it whole keeps it whole."""
+    _, tokenizer = default_model
+    # A prefix tree of ~240 tokens (two short answers) and trees of ~500-700: one side of
+    # the bound and the other.
+    short = art.TrajectoryGroup(agent_trajectory(tokenizer, i, 20) for i in range(2))
+    groups = [short, *agent_groups(tokenizer, 8, 100)]
+    trainer = fresh_trainer(default_model)
+    memory = trainer._memory
+    sequences, _ = trainer._sequences(groups, art.dev.TrainConfig(), None)
+    batches = trainer._plan(sequences, None, memory, None).batches
+
+    def step_bytes(tokens: int, layers: int) -> int:
+        return memory.step_bytes_checkpointing(tokens, layers)
+
+    over = [b for b in batches if step_bytes(b.tokens, 0) > CPU_MICRO_BATCH_BYTES]
+    assert over  # the work holds micro-batches on both sides of the bound
+    assert len(over) < len(batches)
+    for batch in batches:
+        layers = batch.checkpointed_layers
+        assert step_bytes(batch.tokens, layers) <= CPU_MICRO_BATCH_BYTES
+        assert layers == 0 or step_bytes(batch.tokens, layers - 1) > CPU_MICRO_BATCH_BYTES
+    assert all(0 < batch.checkpointed_layers < memory.layers for batch in over)
+    roomy = PeftTrainer(
+        trainer.model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(memory_budget_gb=64.0),
+    )
+    kept = roomy._plan(sequences, None, memory, None).batches
+    assert [b.tokens for b in kept] == [b.tokens for b in batches]
+    assert all(batch.checkpointed_layers == 0 for batch in kept)
+
+
 def _lengths(tokenizer: Any, groups: list[art.TrajectoryGroup]) -> list[int]:
     rendering = rendering_for(tokenizer)
     return [
@@ -438,7 +481,9 @@ def test_logprob_calculation_chunk_size_is_the_rows_the_lm_head_takes(
     config = art.TrainConfig(learning_rate=1e-4)
 
     def step(dev_config: art.dev.TrainConfig) -> tuple[dict[str, float], list[int]]:
-        trainer = fresh_trainer(default_model)
+        # A roomy budget of its own: no micro-batch checkpoints layers to stay within
+        # CPU_MICRO_BATCH_BYTES, so the estimates differ by the head's chunk alone.
+        trainer = fresh_trainer(default_model, memory_budget_gb=64.0)
         rows: list[int] = []
         head = trainer.model.get_output_embeddings()
         hook = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))

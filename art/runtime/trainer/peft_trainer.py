@@ -43,6 +43,7 @@ from .memory import (
     StepMemory,
     large_frees_returned,
     long_rows_returned,
+    return_free_heap,
 )
 from .memory import budget as memory_budget
 from .shared_prefix import PrefixTrie, distinct_tokens, worth_joining
@@ -58,6 +59,13 @@ if TYPE_CHECKING:
 # without it: 2026-12-01). A shorter one the budget cannot hold whole checkpoints the fewest
 # of its layers that bring it within the budget: each layer costs a part of a forward.
 CHECKPOINT_ABOVE_TOKENS = 1024
+# On a CPU with no memory budget configured, a shorter micro-batch whose step is estimated
+# at more than this checkpoints the fewest layers that bring it within: the step shares
+# the machine's memory with the user's agent and whatever else runs there. Eight 539-token
+# micro-batches of the default model in float32 (AVX2, 2 cores, 2026-12-01) peaked at
+# 2.8-3.1 GiB kept whole and at 2.1-2.2 within this bound, 11% slower (~14 of 30 layers
+# recomputed). Prefix trees of a couple of hundred tokens, most RL steps, fit whole.
+CPU_MICRO_BATCH_BYTES = GIB
 
 
 def create_peft_model(
@@ -479,6 +487,11 @@ class PeftTrainer:
         try:
             with self._own_rng(), frees:
                 for planned in plan.batches:
+                    if lower and planned.checkpointed:
+                        # What the rollouts or the micro-batches before left in the heap
+                        # goes back first: glibc keeps freed blocks under the mmap
+                        # threshold, and a long micro-batch's peak would stand on them.
+                        return_free_heap()
                     self._checkpoint(planned.checkpointed_layers)
                     chosen = [sequences[i] for i in planned.indices]
                     batch = MicroBatch.of(
@@ -503,6 +516,8 @@ class PeftTrainer:
                     progress.update()
                     progress.set_postfix(peak_memory_gb=f"{peak.peak_gib():.2f}")
 
+            if lower and any(planned.checkpointed for planned in plan.batches):
+                return_free_heap()  # the last long micro-batch's, before the next rollouts
             if self.sync is not None:
                 self._sum_over_workers(sums)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
@@ -840,7 +855,10 @@ class PeftTrainer:
             elif tokens > CHECKPOINT_ABOVE_TOKENS:
                 layers = memory.layers
             else:  # none where the budget holds it whole (tokens <= plain)
-                layers = memory.layers_to_checkpoint(tokens, budget.available)
+                room = budget.available
+                if not budget.configured and self.device.type == "cpu":
+                    room = min(room, CPU_MICRO_BATCH_BYTES)
+                layers = memory.layers_to_checkpoint(tokens, room)
             batches.append(_Batch(indices, tokens, layers, shares))
             estimated = max(estimated, memory.step_bytes_checkpointing(tokens, layers))
         return _Plan(batches=batches, in_use_bytes=budget.in_use, step_bytes=estimated)
@@ -1066,6 +1084,7 @@ def _cuda_devices() -> list[int]:
 
 __all__ = [
     "CHECKPOINT_ABOVE_TOKENS",
+    "CPU_MICRO_BATCH_BYTES",
     "PeftTrainer",
     "StepSync",
     "add_adapter",
