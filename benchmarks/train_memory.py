@@ -16,10 +16,14 @@ trainer without bounded memory is recorded as "killed" instead of taking the mac
 (`art.langgraph`: `init_chat_model`, `wrap_rollout`) calls its tool, then is asked for a
 long, detailed report with up to T tokens (the default model at temperature 1 mostly
 writes to the limit), N rollouts in groups of 4 through the endpoint, then one
-`model.train`. The whole process tree's peak is printed as well (`tree_peak_rss_gb`,
-`tree_peak_pss_gb`: this process, the service and their children, summed, polled every
-0.1 s; RSS counts a page shared by two processes twice, PSS splits it), for the rollouts
-and the step, with the mean completion tokens sampled.
+`model.train`. Each rollout is seeded, so two runs mostly sample the same answers (a
+row's logits may differ in their last bits with the rows it is batched with, and one
+token drawn differently changes the rest). The whole process tree's peak is printed as
+well (`tree_peak_rss_gb`, `tree_peak_pss_gb`: this process, the service and their
+children, summed, polled every 0.1 s; RSS counts a page shared by two processes twice,
+PSS splits it), for the rollouts and the step, with the mean completion tokens sampled.
+This process then stands for a user's agent script: it loads neither torch nor a
+tokenizer (the machine line comes from a child process).
 
     python benchmarks/train_memory.py                     # 8x2048, 8x4096, 32x2048, 32x4096
     python benchmarks/train_memory.py --settings 8x2048   # one setting
@@ -246,7 +250,8 @@ async def langgraph_groups(
         return f"{city}: sunny, 18 C, wind 3 m/s; last year's monthly averages on file"
 
     async def rollout(index: int) -> art.Trajectory:
-        llm = init_chat_model(max_tokens=completion_tokens)
+        # Seeded: every run (and every build compared) samples the same answers.
+        llm = init_chat_model(max_tokens=completion_tokens, seed=index)
 
         def choose_model(state: dict[str, Any], runtime: Any) -> Any:
             # A 135M model will not call tools unprompted: force the call, then the report.
@@ -479,6 +484,7 @@ async def main() -> None:
         help="trajectories built as a ReAct agent's (default) or sampled by a LangGraph agent",
     )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)
+    parser.add_argument("--machine-line", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one setting, 4x64")
     args = parser.parse_args()
     if args.quick:
@@ -496,14 +502,27 @@ async def main() -> None:
         n, t = (int(part) for part in args.trl_child.split("x"))
         trl_child(n, t)
         return
+    if args.machine_line:
+        print(f"machine: {machine()}; dtype {models.torch_dtype('auto')}")
+        return
     args.config = art.dev.InternalModelConfig(
         trainer_backend="unsloth" if args.peer == "unsloth" else None,
         trainer_args=art.dev.TrainerArgs(memory_budget_gb=args.memory_budget_gb),
     )
-    from transformers import AutoTokenizer
+    tokenizer = None
+    if args.agent == "langgraph":
+        # The tree's peak counts this process as a user's agent script: it imports neither
+        # torch nor a tokenizer (0.4 GiB more), so the machine line comes from a child.
+        import sys
 
-    tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
-    print(f"machine: {machine()}; dtype {models.torch_dtype('auto')}")
+        child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--machine-line")
+        if await child.wait():
+            raise SystemExit("the machine line's child process failed")
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(models.default_model_dir()))
+        print(f"machine: {machine()}; dtype {models.torch_dtype('auto')}")
     for n, t in settings:
         if args.peer == "trl":
             result = trl_setting(n, t, args)  # its seconds include loading, its own process
