@@ -216,3 +216,12 @@ def leaked(status: int, text: str, leaks: Iterable[str]) -> list[str]:
     if "Traceback" in text:
         found.append("a traceback in the body")
     return found + [f"the server path {leak!r} in the body" for leak in leaks if leak in text]
+
+
+def live_rss_bytes() -> int:
+    """This process's RSS as a step's plan reads it under a configured budget: after the
+    heap's free pages went back to the system (`memory.return_free_heap`)."""
+    from art.runtime.trainer.memory import return_free_heap
+
+    return_free_heap()
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import live_rss_bytes
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -268,7 +268,7 @@ def test_the_budget_counts_shared_tokens_once(
     assert max(distinct) + 60 < min(total)
     trainer = _trainer(default_model)
     memory = StepMemory.of(trainer._causal_lm, trainer.parameters)
-    rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+    rss = live_rss_bytes()  # as the plan reads it
     # Tokens: the RSS may move by a few dozen tokens' worth between here and the plan.
     room = (max(distinct) + min(total)) // 2
     budget = (rss + memory.step_bytes(room, checkpointed=False)) / GIB

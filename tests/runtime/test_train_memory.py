@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import live_rss_bytes
 from openai.types.chat.chat_completion import Choice
 
 import art
@@ -277,7 +278,7 @@ def test_a_tight_budget_splits_the_step_and_trains_the_same(
 
     trainer = fresh_trainer(default_model)
     memory = StepMemory.of(trainer._causal_lm, trainer.parameters)
-    rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+    rss = live_rss_bytes()  # as the plan reads it
     # Room for one 260-token sequence without checkpointing, not for two apart.
     budget = (rss + memory.step_bytes(400, checkpointed=False)) / GIB
     tight = PeftTrainer(
@@ -313,7 +314,7 @@ def test_a_budget_too_tight_for_a_whole_micro_batch_checkpoints_some_layers_the_
     )
     trainer = fresh_trainer(default_model)
     layers = trainer._decoder_layers
-    rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+    rss = live_rss_bytes()  # as the plan reads it
     # Room for 60% of the largest micro-batch kept whole: its fixed workspace and some of
     # its layers' activations (the RSS may move a little between here and the plan).
     budget = (rss + 0.6 * plain["estimated_step_memory_gb"] * GIB) / GIB
@@ -342,6 +343,35 @@ def test_a_budget_too_tight_for_a_whole_micro_batch_checkpoints_some_layers_the_
     assert bounded["estimated_step_memory_gb"] < plain["estimated_step_memory_gb"]
     for name in ("loss", "grad_norm", "entropy", "tokens_trained"):
         assert bounded[name] == pytest.approx(plain[name], rel=1e-4), name
+
+
+def test_a_budget_that_holds_one_step_whole_holds_the_next(
+    default_model: tuple[Any, Any],
+) -> None:
+    """A configured budget is read against the RSS after the heap's free pages went back:
+    what glibc kept from the step before is not in use, so a budget that held one step's
+    micro-batches whole holds the next step's whole too (it once refused them)."""
+    _, tokenizer = default_model
+    groups = agent_groups(tokenizer, 4, 100)
+    trainer = fresh_trainer(default_model)
+    memory = trainer._memory
+    sequences, _ = trainer._sequences(groups, art.dev.TrainConfig(), None)
+    planned = trainer._plan(sequences, None, memory, None).batches
+    whole = max(memory.step_bytes(batch.tokens, checkpointed=False) for batch in planned)
+    # Room for the largest micro-batch whole and half as much again: more than the adapter's
+    # gradients and optimizer state add after a step, less than the heap kept.
+    budget = (live_rss_bytes() + 1.5 * whole) / GIB
+    bounded = PeftTrainer(
+        trainer.model,
+        tokenizer,
+        init_args=art.dev.InitArgs(),
+        trainer_args=art.dev.TrainerArgs(memory_budget_gb=budget),
+    )
+    config = art.TrainConfig(learning_rate=1e-4)
+    for _ in range(2):
+        metrics = bounded.step(groups, config, art.dev.TrainConfig())
+        assert metrics["checkpointed_micro_batches"] == 0
+        assert metrics["estimated_memory_gb"] <= budget
 
 
 def test_the_fewest_layers_checkpointed_fit_the_bytes_available(
