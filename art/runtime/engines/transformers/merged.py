@@ -10,13 +10,14 @@ merged again whenever that adapter changes (after each training step).
 Costs and limits: the copy's memory (its linear layers' weights once more: the
 embeddings, the LM head and the norms, which no merge writes, are the served model's own
 tensors, `share_unmerged`), and a merge (a few passes over the adapted weights; 0.15 s
-for the default model on one core) when the served adapter changes. In float32 the copy's logprobs equal the wrapped model's. In bf16 an update
-smaller than half a bf16 step of a weight is rounded away in the copy; measured against
-the trainer's own forward pass, sampled tokens' logprobs differ by 0.044 on average
-through the copy and by 0.040 through the adapter's modules (benchmarks/
-sampler_fidelity.py; bf16 decode with a KV cache is not the trainer's full-sequence pass
-either), and the sampler's logprobs are always those of the weights that sampled, which
-is what the trainer's importance ratio needs.
+for the default model on one core) when the served adapter changes. In float32 the
+copy's logprobs equal the wrapped model's. In bf16 an update smaller than half a bf16
+step of a weight is rounded away in the copy; measured against the trainer's own forward
+pass, sampled tokens' logprobs differ by 0.044 on average through the copy and by 0.040
+through the adapter's modules (benchmarks/sampler_fidelity.py; bf16 decode with a KV
+cache is not the trainer's full-sequence pass either), and the sampler's logprobs are
+always those of the weights that sampled, which is what the trainer's importance ratio
+needs.
 """
 
 from __future__ import annotations
@@ -92,11 +93,10 @@ def share_unmerged(plain: Any, base: Any) -> None:
     head = plain.get_output_embeddings()
     theirs = dict(base.named_modules())
     for name, module in plain.named_modules():
-        for key, mine in list(module._parameters.items()):
-            if mine is None:
-                continue
-            other = theirs.get(name)
-            source = getattr(other, "_parameters", {}).get(key) if other is not None else None
+        other = theirs.get(name)
+        sources = dict(other.named_parameters(recurse=False)) if other is not None else {}
+        for key, mine in list(module.named_parameters(recurse=False)):
+            source = sources.get(key)
             shareable = (
                 (module is head or not isinstance(module, torch.nn.Linear))
                 and source is not None
@@ -105,7 +105,7 @@ def share_unmerged(plain: Any, base: Any) -> None:
                 == (mine.shape, mine.dtype, mine.device)
             )
             if shareable:
-                module._parameters[key] = source
+                module.register_parameter(key, source)
             else:
                 mine.data = mine.data.clone()
 
