@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from helpers import tiny_causal_lm
 
+from art.core.data import dev
 from art.core.data.dev import PeftArgs
 from art.runtime import models
 from art.runtime.engines.base import SamplingParams
-from art.runtime.engines.transformers import kv_cache, lean_decode, sampling
+from art.runtime.engines.transformers import kv_cache, lean_decode, packed, sampling
 from art.runtime.engines.transformers.engine import TransformersEngine
 from art.runtime.engines.transformers.lean_decode import LeanDecoder
 from art.runtime.engines.transformers.merged import MergedCopy, plain_model, share_unmerged
@@ -162,16 +164,23 @@ def test_cache_and_decode_attention_match_the_full_forward_pass(
         engine.close()
 
 
+@pytest.mark.parametrize("blocked", [False, True], ids=["plain", "packed"])
 def test_the_merged_copy_serves_the_adapters_current_weights(
-    default_model: tuple[Any, Any],
+    default_model: tuple[Any, Any], blocked: bool
 ) -> None:
+    """Packed: the copy's layers hold oneDNN's blocked weights (`packed.py`), each merge
+    blocks W0 + delta afresh into the tensors the lean step holds."""
     base, tokenizer = default_model
     wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
     share_unmerged(plain, plain_model(wrapped))  # as the engine's copy: embeddings shared
+    if blocked:
+        packed.pack(plain)
     engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
-    assert engine._decoder.lean is not None  # the default model's decode steps skip transformers
+    lean = engine._decoder.lean
+    assert isinstance(lean, LeanDecoder)  # the default model's decode steps skip transformers
+    assert lean.packed == blocked
     prompts = _prompts(tokenizer)[1:2]
     greedy = SamplingParams(max_tokens=16, temperature=0)
     try:
@@ -379,20 +388,27 @@ def test_a_prompt_seen_before_takes_one_prefill_call_and_its_prefix_is_kept(
 
 @pytest.mark.parametrize("prompt", [9, 1100], ids=["short", "long"])
 @pytest.mark.parametrize("attention", ["fused", "matmul"])
-@pytest.mark.parametrize("gemm", ["onednn", "blas"])
+@pytest.mark.parametrize("gemm", ["onednn", "blas", "packed"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(
     model_type: str, gemm: str, attention: Any, prompt: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In float32 (the tiny model's dtype) through either library a decode step's
-    matmuls can go to (`ART_DECODE_GEMM`), with either attention (a CPU's fused kernel,
+    matmuls can go to (`ART_DECODE_GEMM`), or oneDNN on weights blocked ahead (`packed`:
+    prefill runs the packed modules too), with either attention (a CPU's fused kernel,
     a GPU's two matmuls: CI has no GPU, so its attention is held here), over a few
-    positions and over more than the fused kernel takes in one block of keys."""
-    monkeypatch.setenv("ART_DECODE_GEMM", gemm)
-    model = tiny_causal_lm(model_type, max_positions=2048)
+    positions and over more than the fused kernel takes in one block of keys. Each
+    logit is transformers' own on the plain weights."""
+    monkeypatch.setenv("ART_DECODE_GEMM", "onednn" if gemm == "packed" else gemm)
+    reference = tiny_causal_lm(model_type, max_positions=2048)
+    model = reference
+    if gemm == "packed":
+        model = copy.deepcopy(reference)
+        assert packed.pack(model) == 2 * 7  # every projection of both layers, not the head
     lean = LeanDecoder.of(model, attention=attention)
     assert lean is not None
     assert lean.attention == attention
+    assert lean.packed == (gemm == "packed")
     assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
     # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
     ids = torch.randint(1, 300, (2, prompt), generator=torch.Generator().manual_seed(1))
@@ -413,7 +429,7 @@ def test_lean_decode_steps_give_transformers_logits(
             next_position = next_position + 1
             for row, sequence in enumerate(sequences):
                 sequence.append(int(tokens[row]))
-                full = model(torch.tensor([sequence])).logits[0, -1].float()
+                full = reference(torch.tensor([sequence])).logits[0, -1].float()
                 assert torch.allclose(logits[row], full, atol=1e-4), (
                     (logits[row] - full).abs().max()
                 )
@@ -457,6 +473,49 @@ def test_a_row_split_gives_the_fewest_rows_to_blas_and_the_rest_to_onednn(
     assert lean_decode.linear_for(torch.float32, [weight]) is lean_decode._onednn_linear
     # The setting is float32's; bfloat16 steps take their own linear whatever it says.
     assert lean_decode.linear_for(torch.bfloat16, [weight]) is lean_decode._bf16_linear
+
+
+@pytest.mark.skipif(not models.onednn_linear_available(), reason="this torch has no oneDNN linear")
+def test_the_engines_copy_is_packed_where_every_row_count_goes_to_onednn(
+    default_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_merged_copy` blocks the copy's layers for oneDNN exactly where the lean step would
+    multiply every row count through it: a float32 CPU copy, oneDNN chosen (here named,
+    so no timing decides), not where BLAS is named, not in bfloat16, not for an
+    architecture the lean step does not reproduce. The packed copy's memory is counted."""
+    from art.runtime.engines.base import EngineSpec
+    from art.runtime.engines.transformers.engine import _bytes, _merged_copy
+
+    base, tokenizer = default_model
+    served = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+
+    def copy_for(dtype: str) -> Any:
+        config = dev.InternalModelConfig(
+            init_args=dev.InitArgs(dtype=dtype), engine_args=dev.EngineArgs(merge_lora=True)
+        )
+        resolved = models.resolve(models.DEFAULT_MODEL)
+        spec = EngineSpec(resolved, config, tokenizer, dtype, 2048, frozenset(), Path("."), 0, 1)
+        merged = _merged_copy(served, spec)
+        assert merged is not None
+        return merged.plain
+
+    monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
+    plain = copy_for("float32")
+    layer = plain.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, packed.PackedLinear)
+    assert isinstance(layer.mlp.down_proj, packed.PackedLinear)
+    assert type(plain.lm_head) is torch.nn.Linear  # the embeddings' tensor, still tied
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight
+    linears = sum(p.numel() for n, p in base.named_parameters() if "layers." in n and "proj" in n)
+    assert packed.packed_bytes(plain) == 4 * linears
+    assert _bytes(plain) > 4 * linears
+    assert not lean_decode.packs(plain)  # already packed: nothing more to do
+
+    monkeypatch.setenv("ART_DECODE_GEMM", "blas")
+    assert type(copy_for("float32").model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
+    assert not lean_decode.packs(copy.deepcopy(base).to(torch.bfloat16))
+    assert not lean_decode.packs(tiny_causal_lm("gpt2"))
 
 
 # The default model's matmuls of a decode step: fused q/k/v, o, gate/up, down, the LM head.
@@ -545,7 +604,9 @@ def test_lean_decode_shares_the_models_weights() -> None:
     q_proj = model.model.layers[0].self_attn.q_proj.weight
     with torch.no_grad():
         q_proj.add_(1.0)
-    assert torch.equal(lean.layers[0].qkv[: q_proj.shape[0]], q_proj)
+    qkv = lean.layers[0].qkv
+    assert isinstance(qkv, torch.Tensor)  # plain weights: one fused buffer
+    assert torch.equal(qkv[: q_proj.shape[0]], q_proj)
     assert LeanDecoder.of(tiny_causal_lm("gpt2")) is None  # an architecture it does not reproduce
 
 

@@ -49,8 +49,9 @@ from ..structured import Grammars
 from .batch import Batch, BatchDecoder, join
 from .decode_graphs import StaticDecoder
 from .kv_cache import cache_bytes
-from .lean_decode import LeanDecoder
+from .lean_decode import LeanDecoder, packs
 from .merged import MergedCopy, mergeable, plain_model, share_unmerged
+from .packed import pack, packed_bytes
 from .prefix_cache import PrefixCache
 from .rows import Request, RowStepper
 
@@ -448,6 +449,8 @@ def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
     plain, _ = models.load(spec.resolved, config.init_args.dtype, str(device))
     plain.requires_grad_(False)
     share_unmerged(plain, plain_model(served))
+    if packs(plain):
+        pack(plain)
     return MergedCopy(served, plain)
 
 
@@ -466,7 +469,8 @@ def _adapters(model: Any) -> dict[str, Any]:
 
 
 def _bytes(model: Any) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    plain = sum(int(p.numel() * p.element_size()) for p in model.parameters())
+    return plain + packed_bytes(model)
 
 
 __all__ = ["TransformersEngine", "start_transformers_engine"]

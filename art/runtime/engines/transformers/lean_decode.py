@@ -17,6 +17,10 @@ measured). Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (M
 1.4-1.7x faster at 1 and 2 rows and oneDNN 1.1-1.2x faster from 8 to 32. So unless
 `ART_DECODE_GEMM` names one, the decoder times both on its own weights at start-up and
 gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLinear`).
+Where every row count goes to oneDNN (`packs`), the engine's copy holds its layers'
+weights blocked for oneDNN (`packed.py`); the step then multiplies q, k and v (and gate
+and up) one blocked weight at a time, since a blocked weight cannot be a view of a
+fused buffer.
 
 On a GPU the same step's arithmetic (`forward`) runs over static buffers and is replayed
 from CUDA graphs (`decode_graphs.py`): there a step is bound by kernel launches, not ops.
@@ -40,6 +44,7 @@ import torch.nn.functional as F
 from ... import models
 from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
+from .packed import PackedLinear, Weights, packed_linear
 
 logger = logging.getLogger("art.engine")
 
@@ -59,11 +64,13 @@ Attention = Literal["fused", "matmul"]
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(heads + 2 kv heads) x head_dim, hidden]: q, k, v rows stacked
-    qkv_bias: torch.Tensor | None
+    # [(heads + 2 kv heads) x head_dim, hidden]: q, k, v rows stacked; in a packed copy
+    # (`packed.py`) the three blocked weights, their outputs concatenated.
+    qkv: Weights
+    qkv_bias: torch.Tensor | tuple[torch.Tensor, ...] | None
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 x intermediate, hidden]: gate rows, then up rows
+    gate_up: Weights  # [2 x intermediate, hidden]: gate rows, then up rows (or the two)
     down: torch.Tensor
 
 
@@ -94,7 +101,11 @@ class LeanDecoder:
         on_cpu = self.norm.device.type == "cpu"
         self.attention: Attention = attention or ("fused" if on_cpu else "matmul")
         self._attend: Attend = grouped_attention if self.attention == "fused" else _matmul_attention
-        if on_cpu:
+        self.packed = isinstance(decoder.layers[0].self_attn.o_proj, PackedLinear)
+        if self.packed:
+            self.linear = packed_linear
+        elif on_cpu:
+            assert isinstance(first.qkv, torch.Tensor) and isinstance(first.gate_up, torch.Tensor)
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
             )
@@ -102,24 +113,23 @@ class LeanDecoder:
     @classmethod
     def of(cls, model: Any, attention: Attention | None = None) -> LeanDecoder | None:
         """A decoder for `model`, or None where its architecture is not one this reproduces."""
-        config = model.config
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED or model.device.type not in ("cpu", "cuda"):
-            return None
-        unsupported = (
-            getattr(config, "hidden_act", "silu") != "silu"
-            or getattr(config, "mlp_bias", False)
-            or getattr(config, "pretraining_tp", 1) != 1
-            or getattr(config, "use_sliding_window", False)
-            or (getattr(config, "attention_bias", False) and not SUPPORTED[model_type])
-        )
-        if unsupported:
-            return None
-        return cls(model, attention)
+        return cls(model, attention) if _reproduces(model) else None
 
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
+        if isinstance(attention.q_proj, PackedLinear):
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            biases = tuple(p.bias for p in projections if p.bias is not None)
+            return _Layer(
+                input_norm=layer.input_layernorm.weight,
+                qkv=tuple(p.blocked for p in projections),
+                qkv_bias=biases or None,
+                o=attention.o_proj.blocked,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=(mlp.gate_proj.blocked, mlp.up_proj.blocked),
+                down=mlp.down_proj.blocked,
+            )
         qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
         bias = None
         if attention.q_proj.bias is not None:
@@ -191,6 +201,22 @@ class LeanDecoder:
         return self.linear(normed, self.head.weight, self.head.bias).float()
 
 
+def _reproduces(model: Any) -> bool:
+    """Whether the lean step reproduces `model`'s decoder layers on its device."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED or model.device.type not in ("cpu", "cuda"):
+        return False
+    unsupported = (
+        getattr(config, "hidden_act", "silu") != "silu"
+        or getattr(config, "mlp_bias", False)
+        or getattr(config, "pretraining_tp", 1) != 1
+        or getattr(config, "use_sliding_window", False)
+        or (getattr(config, "attention_bias", False) and not SUPPORTED[model_type])
+    )
+    return not unsupported
+
+
 def _matmul_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -203,6 +229,24 @@ def _matmul_attention(
     scores = torch.matmul(keys, query.transpose(-1, -2)).float().mul_(scale)
     weights = torch.softmax(scores.add_(mask), dim=-2).to(values.dtype)
     return torch.matmul(weights.transpose(-1, -2), values)
+
+
+def packs(model: Any) -> bool:
+    """Whether the sampling copy `model` should hold its linear layers blocked for oneDNN
+    (`packed.py`): a float32 model on a CPU of an architecture the lean step reproduces,
+    where the lean step would multiply every row count through oneDNN."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return False
+    if not _reproduces(model):
+        return False
+    layer = model.get_decoder().layers[0]
+    attention, mlp = layer.self_attn, layer.mlp
+    projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
+    projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    if not all(type(p) is torch.nn.Linear for p in projections):
+        return False
+    weights = [p.weight for p in projections] + [model.get_output_embeddings().weight]
+    return linear_for(torch.float32, weights) is _onednn_linear
 
 
 def linear_for(
@@ -325,4 +369,4 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-__all__ = ["SUPPORTED", "LeanDecoder", "gemm_name", "linear_for"]
+__all__ = ["SUPPORTED", "LeanDecoder", "gemm_name", "linear_for", "packs"]
