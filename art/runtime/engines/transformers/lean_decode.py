@@ -105,7 +105,8 @@ class LeanDecoder:
         if self.packed:
             self.linear = packed_linear
         elif on_cpu:
-            assert isinstance(first.qkv, torch.Tensor) and isinstance(first.gate_up, torch.Tensor)
+            assert isinstance(first.qkv, torch.Tensor)  # plain weights: fused buffers
+            assert isinstance(first.gate_up, torch.Tensor)
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
             )
