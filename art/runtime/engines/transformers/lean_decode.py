@@ -238,7 +238,7 @@ def packs(model: Any) -> bool:
     where the lean step would multiply every row count through oneDNN."""
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return False
-    if not _reproduces(model):
+    if not _reproduces(model) or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return False
     layer = model.get_decoder().layers[0]
     attention, mlp = layer.self_attn, layer.mlp
