@@ -45,6 +45,7 @@ from ... import models
 from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
 from .packed import PackedLinear, Weights, packed_linear
+from .packed import onednn_linear as _onednn_linear
 
 logger = logging.getLogger("art.engine")
 
@@ -334,15 +335,6 @@ def _rows_blas_wins(weights: Sequence[torch.Tensor]) -> int:
             break
         chosen = rows
     return chosen
-
-
-def _onednn_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`F.linear` through oneDNN, on the dense weight as it is (no packed copy): the op
-    torch's inductor lowers CPU linears to, the one torch exposes for it."""
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
-    return out
 
 
 def _fused(linears: list[torch.nn.Linear], name: str = "weight") -> torch.Tensor:

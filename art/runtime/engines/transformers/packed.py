@@ -73,12 +73,20 @@ class PackedLinear(torch.nn.Module):
         return packed_linear(x, self.blocked, self.bias)
 
 
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear` through oneDNN, on a plain weight as it is or a blocked one (`block`):
+    the op torch's inductor lowers CPU linears to, the one torch exposes for it."""
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+    return out
+
+
 def packed_linear(x: torch.Tensor, weights: Weights, bias: Any = None) -> torch.Tensor:
     """`x` times one weight (blocked or plain) or the concatenated outputs of several
     (`bias` then one per weight, or None): the lean step's linear for a packed copy."""
     if isinstance(weights, torch.Tensor):
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weights, bias, "none", [None], "")
-        return out
+        return onednn_linear(x, weights, bias)
     biases: Sequence[torch.Tensor | None] = bias if bias is not None else [None] * len(weights)
     return torch.cat(
         [packed_linear(x, weight, part) for weight, part in zip(weights, biases, strict=True)],
@@ -106,4 +114,4 @@ def packed_bytes(model: Any) -> int:
     return sum(m.nbytes() for m in model.modules() if isinstance(m, PackedLinear))
 
 
-__all__ = ["PackedLinear", "block", "pack", "packed_bytes", "packed_linear"]
+__all__ = ["PackedLinear", "block", "onednn_linear", "pack", "packed_bytes", "packed_linear"]
