@@ -324,6 +324,12 @@ async def _run_autorl(args: argparse.Namespace) -> int:
                 "A stronger judge tells them apart: --judge openai/gpt-4.1-mini with "
                 "OPENAI_API_KEY set, or any LiteLLM model."
             )
+    for evaluation in result.evaluations[-1:]:
+        if unjudged := len(evaluation.samples) - evaluation.judged:
+            print(
+                f"The judge could not score {unjudged} of {len(evaluation.samples)} validation "
+                f"inputs at step {evaluation.step}; why is in evaluations.json and the report."
+            )
     print(f"run: {result.run_dir}\nreport: {report}")
     return 0
 

@@ -12,6 +12,7 @@ The step comes from the checkpoints, so an interrupted run picks up where it sto
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from collections.abc import Mapping
@@ -28,7 +29,10 @@ from ..core.metrics.batch_metrics import group_metrics
 from ..core.model import ModelBackend, TrainableModel
 from ..core.store.atomic import write_text_atomic
 from ..core.store.model_store import ModelStore
+from ..ruler.prompt import longest_answer_chars
 from .inputs import GeneratedInputs, generate_inputs
+
+logger = logging.getLogger(__name__)
 
 JUDGE_RUBRIC = """\
 - An answer that does the task well (correct, relevant, helpful, in the requested
@@ -45,7 +49,7 @@ class Evaluation:
     win_rate: float  # wins count 1, ties 1/2
     score: float  # mean RULER score of the current model's answers
     base_score: float  # mean RULER score of the base model's answers
-    judged: int  # validation inputs the judge scored
+    judged: int  # validation inputs the judge scored; the others' samples hold an `error`
     samples: list[dict[str, Any]] = field(default_factory=list)  # input, base, answer, scores
 
 
@@ -210,8 +214,9 @@ def _reach(
     local = {"api_base": model.inference_base_url, "api_key": model.inference_api_key}
     base = f"openai/{model.base_model}"
     judge = dict(judge_params or {})
-    # Room for RULER's whole answer: its analysis, then an entry per rollout.
-    judge.setdefault("max_tokens", 160 * group_size + 160)
+    # Room for RULER's longest answer to a group or to a validation pair: a smaller budget
+    # let the default model, repeating itself inside a string, end its JSON unterminated.
+    judge.setdefault("max_tokens", longest_answer_chars(max(group_size, 2)))
     if judge_model is None:
         judge = {**local, "temperature": 0.0} | judge
     generator = dict(generator_params or {})
@@ -352,9 +357,14 @@ async def _evaluate(
                     models.judge_params,
                     rubric,
                 )
-        except (JudgeError, ConfigError):
+        except ConfigError:
             raise
-        except Exception as error:  # an unreachable judge counts as unjudged, not fatal
+        except Exception as error:
+            # An unreachable judge, or one that answered unusably twice (a JudgeError), leaves
+            # this input unjudged, as a group RULER could not score leaves a training step: the
+            # step's checkpoint is written, so one bad answer must not end the run. A judge
+            # that can score nothing stops the run in training (three steps in a row).
+            logger.warning("AutoRL step %d: input %d left unjudged: %s", step, index, error)
             samples.append(
                 {"input": text, "base": base_answers[text], "answer": answer, "error": str(error)}
             )

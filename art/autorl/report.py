@@ -68,7 +68,13 @@ def write_html(result: AutoRLResult, target: Path, *, samples: int = 5) -> Path:
             f"<pre>{e(str(sample.get('base', '')))}</pre></div>"
             f"<div><h4>After (step {last.step if last else ''}) {_score(sample.get('score'))}</h4>"
             f"<pre>{e(str(sample.get('answer', '')))}</pre></div>"
-            "</div></div>"
+            "</div>"
+            + (
+                f"<p class='error'><b>Unjudged:</b> {e(str(sample['error']))}</p>"
+                if "error" in sample
+                else ""
+            )
+            + "</div>"
         )
     plot = "<img src='validation.png' alt='validation score per step'>"
     page = f"""<!doctype html>

@@ -128,6 +128,24 @@ def judge_messages(
     ]
 
 
+def longest_answer_chars(count: int) -> int:
+    """The length of the longest answer `response_format(count)` admits, written as JSON
+    usually is (`json.dumps`' separators, every string at its `maxLength`, in ASCII).
+
+    A judge decoding under the schema finishes within this many tokens whatever it writes
+    (a byte-level tokenizer's token covers at least one ASCII character), so a budget this
+    large cannot cut a small judge's answer off inside a string when it repeats itself.
+    """
+    entry = {
+        "trajectory_id": str(count),
+        "reply": "x" * REPLY_MAX_CHARS,
+        "explanation": "x" * EXPLANATION_MAX_CHARS,
+        "score": 0.99,
+    }
+    longest = {"analysis": "x" * ANALYSIS_MAX_CHARS, "scores": [entry] * count}
+    return len(json.dumps(longest))
+
+
 def response_format(count: int) -> dict[str, Any]:
     """The `response_format` asking for an analysis, then exactly one score per id.
 

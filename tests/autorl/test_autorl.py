@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -143,6 +144,14 @@ def test_the_report_escapes_generated_text_and_plots_each_evaluated_step(tmp_pat
     table = summary_table(result).splitlines()
     assert table[-1].split() == ["2", "0.70", "0.60", "0.50", "1"]
 
+    unjudged = {"input": "q", "base": "b", "answer": "a", "error": "not <valid> JSON"}
+    evaluations.append(Evaluation(3, math.nan, math.nan, math.nan, 0, [unjudged]))
+    result = AutoRLResult(tmp_path, inputs, 0, 3, evaluations)
+    page = write_html(result, tmp_path / "report.html").read_text()
+    assert "<b>Unjudged:</b> not &lt;valid&gt; JSON" in page
+    assert summary_table(result).splitlines()[-1].split() == ["3", "-", "-", "-", "0"]
+    assert write_plot(evaluations, tmp_path / "v.png").read_bytes().startswith(b"\x89PNG")
+
 
 # --- the command line ------------------------------------------------------------------------
 
@@ -194,9 +203,16 @@ def test_autorl_trains_end_to_end_writes_its_report_and_resumes(tmp_path: Path) 
     assert inputs["system_prompt"].strip()
     assert sorted(p.name for p in (model_dir / "checkpoints").iterdir()) == ["0000", "0001"]
     history = [json.loads(line) for line in (model_dir / "history.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in history if "val/win_rate" in row] == [1]
+    assert [row["step"] for row in history if "val/judged" in row] == [1]
     evaluations = json.loads((run_dir / "evaluations.json").read_text())
     assert [e["step"] for e in evaluations] == [1]
+    # The default model as judge may answer the validation pair unusably (it once looped
+    # inside its JSON until its token budget, twice): that input is then unjudged, with the
+    # judge's error beside it and said on the console, and the run still ends well.
+    [sample] = evaluations[0]["samples"]
+    assert evaluations[0]["judged"] == ("score" in sample)
+    assert ("error" in sample) == ("score" not in sample)
+    assert ("could not score 1 of 1 validation inputs" in first.stdout) == ("error" in sample)
     assert (run_dir / "validation.png").read_bytes().startswith(b"\x89PNG")
     report = (run_dir / "report.html").read_text()
     assert "Answers before and after" in report

@@ -20,7 +20,12 @@ import art
 from art.rewards import DEFAULT_RUBRIC, ruler, ruler_score_group
 from art.ruler.answer import parse_scores
 from art.ruler.cache import cache_key
-from art.ruler.prompt import judge_messages, response_format, shared_prefix_length
+from art.ruler.prompt import (
+    judge_messages,
+    longest_answer_chars,
+    response_format,
+    shared_prefix_length,
+)
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SYSTEM = {"role": "system", "content": "You are a calculator. Reply with the number only."}
@@ -110,6 +115,24 @@ def test_the_schema_admits_one_score_per_id_and_nothing_else() -> None:
             jsonschema.validate(analysed | json.loads(bad), schema)
     with pytest.raises(jsonschema.ValidationError, match="'analysis' is a required property"):
         jsonschema.validate(json.loads(answer(("1", 1.0), ("2", 0.5), ("3", 0.0))), schema)
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_the_longest_answer_the_schema_admits_fits_the_budget_named_for_it(count: int) -> None:
+    schema = response_format(count)["json_schema"]["schema"]
+    entries = [
+        {"trajectory_id": str(i), "reply": "2" * 120, "explanation": "2" * 120, "score": 0.99}
+        for i in range(1, count + 1)
+    ]
+    longest = {"analysis": "2." * 150, "scores": entries}
+    jsonschema.validate(longest, schema)
+    assert len(json.dumps(longest)) <= longest_answer_chars(count)
+    for where in (longest, entries[0]):  # one character more anywhere is not an answer
+        key = "analysis" if where is longest else "explanation"
+        where[key] += "2"
+        with pytest.raises(jsonschema.ValidationError, match="is too long"):
+            jsonschema.validate(longest, schema)
+        where[key] = where[key][:-1]
 
 
 # --- the check of the answer -------------------------------------------------------------
@@ -401,7 +424,7 @@ async def judge_endpoint(
         "base_url": params["base_url"],
         "api_key": params["api_key"],
         "temperature": 0.0,
-        "max_tokens": 400,
+        "max_tokens": longest_answer_chars(4),  # the group of 4 below cannot be cut off
     }
     yield backend, judge
 
