@@ -131,3 +131,45 @@ def test_a_rows_prefix_skips_the_left_padding_between_prefix_and_rest() -> None:
     assert torch.equal(kept_values, -kept_keys)
     [(whole, _)] = row_prefix(cache, 0, 4)  # no padding: the first positions as they are
     assert whole.flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def _poison(layer: GrowingLayer) -> None:
+    """NaN in every buffer position outside the filled view: what uninitialised room may hold."""
+    for buffer in layer.buffers():
+        filled = buffer[: layer.rows, :, layer.start : layer.length].clone()
+        buffer.fill_(float("nan"))
+        buffer[: layer.rows, :, layer.start : layer.length] = filled
+
+
+def test_the_filled_view_never_shows_what_the_room_held() -> None:
+    """On a CPU the buffers' room is left uninitialised, so every position `keys` and
+    `values` show must have been written. With the room poisoned between operations, a
+    token written, rows leaving, joins in place (a newcomer's left padding, and positions
+    the running rows gain on the left) and a trim bring no NaN into the filled view."""
+    generator = torch.Generator().manual_seed(2)
+
+    def layer(rows: int, positions: int) -> GrowingLayer:
+        built = GrowingLayer()
+        shape = (rows, 2, positions, 4)
+        built.update(
+            torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        )
+        return built
+
+    def clean(layer: GrowingLayer) -> bool:
+        return not bool(layer.keys.isnan().any() or layer.values.isnan().any())
+
+    running = layer(8, 9)
+    storage = running.keys.untyped_storage().data_ptr()
+    for operation in (
+        lambda: running.trim_left(3),
+        lambda: running.keep_rows(compacted([0, 1, 2, 4, 5, 7])),  # two rows left
+        lambda: running.join(layer(1, 4), 6),  # shorter: its padding written into the room
+        lambda: running.join(layer(1, 8), 8),  # longer: the running rows gain 2 on the left
+        lambda: running.update(torch.ones(8, 2, 1, 4), torch.ones(8, 2, 1, 4)),
+    ):
+        _poison(running)
+        operation()
+        assert clean(running)
+    assert running.keys.untyped_storage().data_ptr() == storage  # each in place
+    assert running.keys.shape == (8, 2, 9, 4)
