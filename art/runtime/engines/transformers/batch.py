@@ -198,15 +198,16 @@ class BatchDecoder:
         if not batch.rows:
             return batch
         logits = batch.logits
-        tokens = sampling.sample(
-            self.stepper.constrain(logits, batch.rows),
+        constrained = self.stepper.constrain(logits, batch.rows)
+        # The logprobs returned for training are under the model's own temperature-1
+        # distribution, unmasked: the one the trainer recomputes for the importance ratio.
+        tokens, normalizers = sampling.sample_with_normalizers(
+            constrained,
             [row.request.params.temperature for row in batch.rows],
             [row.request.params.top_p for row in batch.rows],
             [row.generator for row in batch.rows],
+            unmasked=None if constrained is logits else logits,
         )
-        # The logprobs returned for training are under the model's own temperature-1
-        # distribution, unmasked: the one the trainer recomputes for the importance ratio.
-        normalizers = sampling.normalizers(logits)
         chosen = logits.gather(1, tokens[:, None]).squeeze(1) - normalizers
         # Everything the rows need from this step comes to the host in one transfer: on a
         # GPU each transfer waits for the device.

@@ -4,12 +4,15 @@
 default model) with a sequential generator: on a CPU that was the largest single cost
 of a decode step, more than the model's matmuls. Here each row needs one uniform
 variate: the distribution is summed in blocks, the block holding the variate is found
-on the blocks' cumulative sums, then the token inside that block. Exact up to float64
-rounding of the sums, and a zero-probability token is never drawn.
+on the blocks' cumulative sums, then the token inside that block. Exact up to the
+rounding of each block's float32 sum (relatively < 256 x 2^-24; the sums are then
+accumulated in float64), and a zero-probability token is never drawn.
 
 The logprobs returned for training are those of the model's own temperature-1
 distribution (`logsumexp` per row, no full `log_softmax`), whatever the row sampled
-from (temperature, top_p, a grammar's mask).
+from (temperature, top_p, a grammar's mask). Where every row sampled from exactly that
+distribution (temperature 1, no top_p, no mask: RL rollouts), the draw's own sums give
+the normalizers (`sample_with_normalizers`), not a second pass over the vocabulary.
 """
 
 from __future__ import annotations
@@ -37,15 +40,46 @@ def sample(
     A row with temperature 0 takes its argmax; a seeded row (a generator) draws its
     variate from that generator, so the same seed and logits give the same token.
     """
+    return _draw(logits, temperatures, top_ps, generators)[0]
+
+
+def sample_with_normalizers(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+    unmasked: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample`'s tokens and `normalizers(unmasked)`, where `unmasked` is the logits before
+    a grammar's mask made `logits` (None: nothing was masked). Where every row drew from
+    the temperature-1 distribution of unmasked logits, the draw's sums are the normalizers."""
+    tokens, peak, total = _draw(logits, temperatures, top_ps, generators)
+    if unmasked is None and total is not None:
+        return tokens, (peak.squeeze(1).double() + total.log()).to(logits.dtype)
+    return tokens, normalizers(logits if unmasked is None else unmasked)
+
+
+def _draw(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The tokens, each row's largest logit ([rows, 1]) and, where every row's weights are
+    exp(logit - largest) (temperature 1, no top_p), their float64 sums ([rows])."""
     rows = logits.shape[0]
     device = logits.device
     # The per-row settings travel to the device without waiting for it (non_blocking), and
     # which rows are greedy or nucleus-sampled is read from the host's lists: on a GPU
     # the step never waits on the device here.
-    temperature = _to(device, torch.tensor(temperatures, dtype=logits.dtype))
+    natural = all(t == 1 and p >= 1 for t, p in zip(temperatures, top_ps, strict=True))
     # Unnormalised probabilities at each row's temperature: exp((l - max) / t).
     peak = logits.max(dim=-1, keepdim=True).values
-    weights = (logits - peak).div_(temperature.clamp(min=1e-5)[:, None]).exp_()
+    weights = logits - peak
+    if not natural:
+        temperature = _to(device, torch.tensor(temperatures, dtype=logits.dtype))
+        weights.div_(temperature.clamp(min=1e-5)[:, None])
+    weights.exp_()
     nucleus = [i for i, (t, p) in enumerate(zip(temperatures, top_ps, strict=True)) if p < 1 and t]
     if nucleus:
         index = _to(device, torch.tensor(nucleus))
@@ -64,12 +98,12 @@ def sample(
             [torch.rand(1, dtype=torch.float64, generator=generators[i]) for i in seeded]
         )
         uniforms[_to(device, torch.tensor(seeded))] = _to(device, drawn)
-    tokens = _inverse_cdf(weights, uniforms)
+    tokens, totals = _inverse_cdf(weights, uniforms)
     greedy = [i for i, t in enumerate(temperatures) if t == 0]
     if greedy:
         index = _to(device, torch.tensor(greedy))
         tokens[index] = logits[index].argmax(dim=-1)
-    return tokens
+    return tokens, peak, totals if natural else None
 
 
 def _to(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
@@ -87,14 +121,19 @@ def _nucleus(weights: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_probs)
 
 
-def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token of each row whose cumulative weight first exceeds uniform x total."""
+def _inverse_cdf(
+    weights: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token of each row whose cumulative weight first exceeds uniform x total, and
+    each row's total (float64)."""
     rows, vocab = weights.shape
     padded = -vocab % _BLOCK
     if padded:
         weights = torch.nn.functional.pad(weights, (0, padded))
     blocks = weights.view(rows, -1, _BLOCK)
-    block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    # Summed in the weights' dtype, then accumulated in float64: a float64 sum converts
+    # the whole [rows, vocab] first, which cost more than the rest of the search.
+    block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)
     target = uniforms * block_cdf[:, -1]
     # right=True: the first block whose cumulative weight is > target, so an empty
     # (all-zero) block is never chosen; clamped for the rounding case target == total.
@@ -111,7 +150,7 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # nonzero entry then, never a zero-weight one.
     last_nonzero = _BLOCK - 1 - (inside.flip(-1) > 0).to(torch.int64).argmax(dim=-1, keepdim=True)
     offset = torch.minimum(offset, last_nonzero)
-    return (block * _BLOCK + offset).squeeze(1).clamp_(max=vocab - 1)
+    return (block * _BLOCK + offset).squeeze(1).clamp_(max=vocab - 1), block_cdf[:, -1]
 
 
-__all__ = ["normalizers", "sample"]
+__all__ = ["normalizers", "sample", "sample_with_normalizers"]
