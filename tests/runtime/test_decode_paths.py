@@ -87,6 +87,26 @@ def test_a_seed_repeats_its_tokens_and_logprobs_use_the_model_distribution() -> 
     assert first.tolist() == again.tolist()
     expected = torch.log_softmax(logits, -1)
     assert torch.allclose(logits - sampling.normalizers(logits)[:, None], expected, atol=1e-5)
+    # Drawn at temperature 1 from the logits themselves, the draw's own sums normalize; at
+    # another temperature, or from masked logits, the model's distribution is still used.
+    masked = logits.clone()
+    masked[:, 500:] = float("-inf")
+    for temperature, drawn_from, unmasked in (
+        (1.0, logits, None),
+        (0.5, logits, None),
+        (1.0, masked, logits),
+    ):
+        generators = [torch.Generator().manual_seed(7)] * 6
+        tokens, normalizers = sampling.sample_with_normalizers(
+            drawn_from, [temperature] * 6, [1.0] * 6, generators, unmasked=unmasked
+        )
+        assert torch.allclose(logits - normalizers[:, None], expected, atol=1e-5)
+        generators = [torch.Generator().manual_seed(7)] * 6
+        assert (
+            tokens.tolist()
+            == sampling.sample(drawn_from, [temperature] * 6, [1.0] * 6, generators).tolist()
+        )
+    assert int(tokens.max()) < 500
 
 
 def _engine(model: Any, tokenizer: Any, merged: MergedCopy | None = None) -> TransformersEngine:
@@ -483,21 +503,13 @@ def test_the_engines_copy_is_packed_where_every_row_count_goes_to_onednn(
     multiply every row count through it: a float32 CPU copy, oneDNN chosen (here named,
     so no timing decides), not where BLAS is named, not in bfloat16, not for an
     architecture the lean step does not reproduce. The packed copy's memory is counted."""
-    from art.runtime.engines.base import EngineSpec
-    from art.runtime.engines.transformers.engine import _bytes, _merged_copy
+    from art.runtime.engines.transformers.engine import _bytes
 
     base, tokenizer = default_model
     served = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
 
     def copy_for(dtype: str) -> Any:
-        config = dev.InternalModelConfig(
-            init_args=dev.InitArgs(dtype=dtype), engine_args=dev.EngineArgs(merge_lora=True)
-        )
-        resolved = models.resolve(models.DEFAULT_MODEL)
-        spec = EngineSpec(resolved, config, tokenizer, dtype, 2048, frozenset(), Path("."), 0, 1)
-        merged = _merged_copy(served, spec)
-        assert merged is not None
-        return merged.plain
+        return _engines_copy(served, tokenizer, dtype).plain
 
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
     plain = copy_for("float32")
@@ -516,6 +528,58 @@ def test_the_engines_copy_is_packed_where_every_row_count_goes_to_onednn(
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
     assert not lean_decode.packs(copy.deepcopy(base).to(torch.bfloat16))
     assert not lean_decode.packs(tiny_causal_lm("gpt2"))
+
+
+def _engines_copy(served: Any, tokenizer: Any, dtype: str) -> MergedCopy:
+    """The merged copy the engine would keep for `served` in `dtype` (`_merged_copy`)."""
+    from art.runtime.engines.base import EngineSpec
+    from art.runtime.engines.transformers.engine import _merged_copy
+
+    config = dev.InternalModelConfig(
+        init_args=dev.InitArgs(dtype=dtype), engine_args=dev.EngineArgs(merge_lora=True)
+    )
+    resolved = models.resolve(models.DEFAULT_MODEL)
+    spec = EngineSpec(resolved, config, tokenizer, dtype, 2048, frozenset(), Path("."), 0, 1)
+    merged = _merged_copy(served, spec)
+    assert merged is not None
+    return merged
+
+
+def test_a_packed_copys_lm_head_is_blocked_while_decoding_and_dropped_at_a_pause(
+    default_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LM head of a packed copy is the embedding table, so its blocked form is a second
+    copy: made at the first step, counted in the engine's memory, dropped at a pause (where
+    training runs), made again after it; the tokens and logprobs are the full pass's each
+    time."""
+    base, tokenizer = default_model
+    served = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+    monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
+    merged = _engines_copy(served, tokenizer, "float32")
+    engine = _engine(served, tokenizer, merged)
+    lean = engine._decoder.lean
+    assert isinstance(lean, lean_decode.LeanDecoder)
+    assert lean.packed
+    head_bytes = merged.plain.lm_head.weight.nbytes
+    weights = engine.memory_bytes()
+    assert lean.held_bytes == 0  # nothing blocked before the first step
+    prompt = _prompts(tokenizer)[1]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    try:
+        answers = []
+        for _ in range(2):
+            [sample] = asyncio.run(engine.generate(prompt, params, n=1, adapter="policy"))
+            answers.append(sample.token_ids)
+            full = _full_forward_logprobs(served, prompt, sample.token_ids)
+            assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4)
+            assert lean.held_bytes == head_bytes
+            assert engine.memory_bytes() == weights + head_bytes
+            with engine.paused():
+                assert lean.held_bytes == 0
+            assert engine.memory_bytes() == weights
+        assert answers[0] == answers[1]
+    finally:
+        engine.close()
 
 
 # The default model's matmuls of a decode step: fused q/k/v, o, gate/up, down, the LM head.

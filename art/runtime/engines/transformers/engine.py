@@ -185,6 +185,8 @@ class TransformersEngine:
             with self._model_lock:
                 self._pausing.clear()
                 self._paused_by = threading.get_ident()
+                if isinstance(self._decoder.lean, LeanDecoder):
+                    self._decoder.lean.release()  # its memory to training, meanwhile
                 try:
                     yield
                 finally:  # whoever paused may have changed the weights
@@ -234,6 +236,8 @@ class TransformersEngine:
         """The weights of this engine's own copies: its model unless it is the trainer's,
         and the merged copy."""
         total = 0 if self.serves_training_weights else _bytes(self.model)
+        if isinstance(self._decoder.lean, LeanDecoder):
+            total += self._decoder.lean.held_bytes
         return total + (_bytes(self.merged.plain) if self.merged is not None else 0)
 
     def close(self) -> None:

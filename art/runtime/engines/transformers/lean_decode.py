@@ -20,7 +20,10 @@ gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLine
 Where every row count goes to oneDNN (`packs`), the engine's copy holds its layers'
 weights blocked for oneDNN (`packed.py`); the step then multiplies q, k and v (and gate
 and up) one blocked weight at a time, since a blocked weight cannot be a view of a
-fused buffer.
+fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
+table, which lookups and the trainer need plain, so its blocked form is a second copy
+(113 MB for the default model), made at the first step and dropped at every pause of
+the engine (`release`), where training wants the memory and the weights may change.
 
 On a GPU the same step's arithmetic (`forward`) runs over static buffers and is replayed
 from CUDA graphs (`decode_graphs.py`): there a step is bound by kernel launches, not ops.
@@ -44,7 +47,7 @@ import torch.nn.functional as F
 from ... import models
 from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
-from .packed import PackedLinear, Weights, packed_linear
+from .packed import PackedLinear, Weights, block, packed_linear
 from .packed import onednn_linear as _onednn_linear
 
 logger = logging.getLogger("art.engine")
@@ -96,6 +99,7 @@ class LeanDecoder:
         self.rotary = decoder.rotary_emb
         self.norm = decoder.norm.weight
         self.head = model.get_output_embeddings()
+        self._blocked_head: torch.Tensor | None = None  # a packed copy's, between pauses
         self.layers = [self._fuse(layer) for layer in decoder.layers]
         first = self.layers[0]
         self.linear: Callable[..., torch.Tensor] = F.linear  # on a GPU: cuBLAS
@@ -111,6 +115,22 @@ class LeanDecoder:
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
             )
+
+    def release(self) -> None:
+        """Drop the blocked LM head (a packed copy's); the next step blocks it again."""
+        self._blocked_head = None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held beyond the model's own weights: the blocked LM head, when held."""
+        return self.head.weight.nbytes if self._blocked_head is not None else 0
+
+    def _head_weight(self) -> torch.Tensor:
+        if not self.packed:
+            return self.head.weight  # type: ignore[no-any-return]
+        if self._blocked_head is None:
+            self._blocked_head = block(self.head.weight)
+        return self._blocked_head
 
     @classmethod
     def of(cls, model: Any, attention: Attention | None = None) -> LeanDecoder | None:
@@ -200,7 +220,7 @@ class LeanDecoder:
             gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
         normed = _rms_norm(hidden, self.norm, self.eps)
-        return self.linear(normed, self.head.weight, self.head.bias).float()
+        return self.linear(normed, self._head_weight(), self.head.bias).float()
 
 
 def _reproduces(model: Any) -> bool:
