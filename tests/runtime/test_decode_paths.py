@@ -549,9 +549,9 @@ def test_a_packed_copys_lm_head_is_blocked_while_decoding_and_dropped_at_a_pause
     default_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The LM head of a packed copy is the embedding table, so its blocked form is a second
-    copy: made at the first step, counted in the engine's memory, dropped at a pause (where
-    training runs), made again after it; the tokens and logprobs are the full pass's each
-    time."""
+    copy: made once enough steps of 8 rows or more have run to pay for it (a short run of
+    one row never does), counted in the engine's memory, dropped at a pause (where
+    training runs), made again after it; the tokens and logprobs are the full pass's."""
     base, tokenizer = default_model
     served = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
@@ -562,17 +562,24 @@ def test_a_packed_copys_lm_head_is_blocked_while_decoding_and_dropped_at_a_pause
     assert lean.packed
     head_bytes = merged.plain.lm_head.weight.nbytes
     weights = engine.memory_bytes()
-    assert lean.held_bytes == 0  # nothing blocked before the first step
     prompt = _prompts(tokenizer)[1]
-    params = SamplingParams(max_tokens=6, temperature=0)
+
+    def generate(rows: int, tokens: int) -> list[int]:
+        params = SamplingParams(max_tokens=tokens, temperature=0)
+        samples = asyncio.run(engine.generate(prompt, params, n=rows, adapter="policy"))
+        full = _full_forward_logprobs(served, prompt, samples[0].token_ids)
+        for sample in samples:  # greedy: every row the same, and the full pass's
+            assert sample.token_ids == samples[0].token_ids
+            assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4)
+        return samples[0].token_ids
+
     try:
+        generate(1, 2 * lean_decode._HEAD_BLOCKED_AFTER)
+        assert lean.held_bytes == 0  # one row at a time: blocking would not pay
         answers = []
         for _ in range(2):
-            [sample] = asyncio.run(engine.generate(prompt, params, n=1, adapter="policy"))
-            answers.append(sample.token_ids)
-            full = _full_forward_logprobs(served, prompt, sample.token_ids)
-            assert torch.allclose(full, torch.tensor(sample.logprobs), atol=1e-4)
-            assert lean.held_bytes == head_bytes
+            answers.append(generate(lean_decode._HEAD_WIDE_ROWS, 24))
+            assert lean.held_bytes == head_bytes  # blocked for the run's last steps
             assert engine.memory_bytes() == weights + head_bytes
             with engine.paused():
                 assert lean.held_bytes == 0

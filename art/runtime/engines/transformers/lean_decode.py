@@ -22,8 +22,10 @@ weights blocked for oneDNN (`packed.py`); the step then multiplies q, k and v (a
 and up) one blocked weight at a time, since a blocked weight cannot be a view of a
 fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
 table, which lookups and the trainer need plain, so its blocked form is a second copy
-(113 MB for the default model), made at the first step and dropped at every pause of
-the engine (`release`), where training wants the memory and the weights may change.
+(113 MB for the default model), dropped at every pause of the engine (`release`), where
+training wants the memory and the weights may change. Blocking it takes ~40 ms and saves
+~2-3 ms a step of 8 to 64 rows (AMD EPYC, AVX2), so it is made once the steps since the
+pause have paid for it (`_HEAD_BLOCKED_AFTER`): a short or one-row run never pays it.
 
 On a GPU the same step's arithmetic (`forward`) runs over static buffers and is replayed
 from CUDA graphs (`decode_graphs.py`): there a step is bound by kernel launches, not ops.
@@ -60,6 +62,11 @@ SUPPORTED = {"llama": False, "qwen2": True}
 # oneDNN: near the margin a choice could differ between two starts).
 _BLAS_ROW_CANDIDATES = (1, 2)
 _BLAS_MARGIN = 1.25
+# Decode steps of at least `_HEAD_WIDE_ROWS` rows after which a packed copy's LM head is
+# blocked: by then those steps would have saved what blocking costs (~40 ms against ~2-3
+# ms a step), so a run that stops right after pays at most twice what it had to.
+_HEAD_BLOCKED_AFTER = 16
+_HEAD_WIDE_ROWS = 8
 KeysValues = tuple[torch.Tensor, torch.Tensor]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Attention = Literal["fused", "matmul"]
@@ -100,6 +107,7 @@ class LeanDecoder:
         self.norm = decoder.norm.weight
         self.head = model.get_output_embeddings()
         self._blocked_head: torch.Tensor | None = None  # a packed copy's, between pauses
+        self._wide_steps = 0  # steps of `_HEAD_WIDE_ROWS` rows or more since `release`
         self.layers = [self._fuse(layer) for layer in decoder.layers]
         first = self.layers[0]
         self.linear: Callable[..., torch.Tensor] = F.linear  # on a GPU: cuBLAS
@@ -119,6 +127,7 @@ class LeanDecoder:
     def release(self) -> None:
         """Drop the blocked LM head (a packed copy's); the next step blocks it again."""
         self._blocked_head = None
+        self._wide_steps = 0
 
     @property
     def held_bytes(self) -> int:
@@ -126,11 +135,16 @@ class LeanDecoder:
         return self.head.weight.nbytes if self._blocked_head is not None else 0
 
     def _head_weight(self) -> torch.Tensor:
-        if not self.packed:
-            return self.head.weight  # type: ignore[no-any-return]
-        if self._blocked_head is None:
-            self._blocked_head = block(self.head.weight)
-        return self._blocked_head
+        if self._blocked_head is not None:
+            return self._blocked_head
+        return self.head.weight  # type: ignore[no-any-return]
+
+    def _count_step(self, rows: int) -> None:
+        """Block a packed copy's LM head once enough wide steps have run since `release`."""
+        if self.packed and self._blocked_head is None and rows >= _HEAD_WIDE_ROWS:
+            self._wide_steps += 1
+            if self._wide_steps >= _HEAD_BLOCKED_AFTER:
+                self._blocked_head = block(self.head.weight)
 
     @classmethod
     def of(cls, model: Any, attention: Attention | None = None) -> LeanDecoder | None:
@@ -176,6 +190,7 @@ class LeanDecoder:
         """Float32 next-token logits [rows, vocab] after `tokens` [rows] at `positions`
         [rows, 1]; `attention` [rows, cached + 1] masks left padding; `cache` grows by one."""
         rows = tokens.shape[0]
+        self._count_step(rows)
         mask = torch.zeros(attention.shape, dtype=torch.float32, device=attention.device)
         mask.masked_fill_(attention == 0, float("-inf"))
 
