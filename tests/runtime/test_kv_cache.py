@@ -173,3 +173,21 @@ def test_the_filled_view_never_shows_what_the_room_held() -> None:
         assert clean(running)
     assert running.keys.untyped_storage().data_ptr() == storage  # each in place
     assert running.keys.shape == (8, 2, 9, 4)
+
+
+def test_a_static_steps_cache_has_zeros_in_its_room_from_reserve_on() -> None:
+    """A static decode step attends over the whole room, masked: from `reserve` on the room
+    is zeros (what was there, and every buffer reallocated after), whatever it held."""
+    layer = GrowingLayer()
+    layer.update(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4))
+    layer.trim_left(1)
+    _poison(layer)
+    storage = layer.keys.untyped_storage().data_ptr()
+    layer.reserve(3, 8)  # fits the room the update made: zeroed in place
+    assert layer.keys.untyped_storage().data_ptr() == storage
+    assert all(bool(buffer.isfinite().all()) for buffer in layer.buffers())
+    room = layer.room[1]
+    layer.reserve(4, room + 1)  # past it: reallocated, with zeros
+    assert all(bool(buffer.isfinite().all()) for buffer in layer.buffers())
+    for buffer in layer.buffers():
+        assert float(buffer[:, :, layer.length - layer.start :].abs().max()) == 0.0

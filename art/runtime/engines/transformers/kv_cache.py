@@ -13,12 +13,13 @@ rows below the running ones (`join`), their left padding zeroed, so neither copi
 rows that stay. Only a join that finds no room (rows, or positions to the left for a
 prompt longer than the running rows) copies the whole cache into a new buffer.
 
-On a GPU buffers start as zeros, not uninitialised memory: a GPU decode step attends over
-the whole room (`decode_graphs.py`), masked where not yet written, and a masked weight of
-0 times an uninitialised NaN would still be NaN. On a CPU every step attends over the
+A static decode step (`decode_graphs.py`, a GPU's) attends over the whole room, masked
+where not yet written, and a masked weight of 0 times an uninitialised NaN would still be
+NaN: its caches' room is zeros (`reserve` zeroes what is there and every buffer after
+it), as is every buffer on a GPU. Otherwise, on a CPU, every step attends over the
 filled positions only (`keys`/`values`), each of them written (a token's keys, or a
-join's zeroed left padding), so the room is left uninitialised: zeroing it cost a busy
-CPU decode loop ~1.5% of its time, and the untouched room of a large buffer takes no
+join's zeroed left padding), so the room is left uninitialised: zeroing it was ~1.4% of
+a busy CPU decode loop's op time, and the untouched room of a large buffer takes no
 memory until it is written (the operating system maps its pages on first write).
 """
 
@@ -44,6 +45,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.rows = 0  # rows in use: the first of the buffers'
         self.start = 0  # positions before it were trimmed off (padding no row attends to)
         self.length = 0  # positions written; keys/values are [start:length] of the buffers
+        self.zeroed = False  # whether the room is zeros: a static step's cache (`reserve`)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -113,6 +115,9 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     def reserve(self, rows: int, positions: int) -> None:
         """Buffers with room for at least `rows` rows and `positions` positions (counted from
         the buffers' start): reallocated, with the filled part copied, only where short."""
+        if not self.zeroed:  # a static step attends over the whole room from now on
+            self.zeroed = True
+            self._zero_room()
         room_rows, room_positions = self.room
         if room_rows >= rows and room_positions >= positions:
             return
@@ -120,6 +125,14 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             max(rows, room_rows), max(positions, self.length - self.start), *self.buffers()
         )
         self._set_length(self.length)
+
+    def _zero_room(self) -> None:
+        """Zeros wherever the buffers hold no filled position."""
+        for buffer in self.buffers():
+            if buffer.dim() == 4:
+                buffer[self.rows :].zero_()
+                buffer[: self.rows, :, : self.start].zero_()
+                buffer[: self.rows, :, self.length :].zero_()
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole key and value buffers ([row room, kv heads, position room, head dim]):
@@ -205,8 +218,9 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         """New buffers of `rows` x `positions`, heads and head dim as `keys`/`values`,
         holding the kept positions from their start (trimmed ones are not copied)."""
         kept = self.length - self.start
-        key_buffer = _room(keys, (rows, keys.shape[1], positions, keys.shape[3]))
-        value_buffer = _room(values, (rows, values.shape[1], positions, values.shape[3]))
+        zeroed = self.zeroed or keys.device.type != "cpu"
+        key_buffer = _room(keys, (rows, keys.shape[1], positions, keys.shape[3]), zeroed)
+        value_buffer = _room(values, (rows, values.shape[1], positions, values.shape[3]), zeroed)
         if kept:
             key_buffer[: self.rows, :, :kept].copy_(self._filled(keys=True))
             value_buffer[: self.rows, :, :kept].copy_(self._filled(keys=False))
@@ -224,9 +238,9 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         return buffer[: self.rows, :, self.start : self.length]
 
 
-def _room(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A new buffer of `shape`: zeros on a GPU, uninitialised on a CPU (module docstring)."""
-    return like.new_empty(shape) if like.device.type == "cpu" else like.new_zeros(shape)
+def _room(like: torch.Tensor, shape: tuple[int, ...], zeroed: bool) -> torch.Tensor:
+    """A new buffer of `shape`: zeros, or uninitialised (module docstring)."""
+    return like.new_zeros(shape) if zeroed else like.new_empty(shape)
 
 
 def cache_bytes(cache: Cache) -> int:
