@@ -207,6 +207,50 @@ def test_chunked_head_matches_the_full_logits_and_their_gradient(
     assert not entropy.requires_grad
 
 
+@pytest.mark.parametrize("chunk_rows", [3, 16])  # checkpointed chunks; one chunk kept
+def test_logprobs_entropy_and_gradient_from_the_logits_are_log_softmaxs(chunk_rows: int) -> None:
+    """Whatever the head is, the logits' way to logprobs, entropy and gradient is log-softmax's:
+    here the head is the identity, so the logits are the input, and autograd's own
+    log_softmax of the same float32 logits, in float64, is the reference (rows of very
+    large and very spread logits, every row's logprob weighted differently in the loss)."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(11, 300, generator=generator) * 4
+    logits[0] += 200.0  # large, where exp overflows without the row's peak taken out
+    logits[1, 5] += 60.0  # nearly one-hot
+    targets = torch.randint(0, 300, (11,), generator=generator)
+    targets[1] = 5
+    weights = torch.randn(11, generator=generator)
+
+    ours_input = logits.clone().requires_grad_()
+    logprobs, entropy = sampled_logprobs(ours_input, targets, lambda h: h, chunk_rows)
+    (logprobs * weights).sum().backward()
+
+    reference_input = logits.double().requires_grad_()
+    log_softmax = torch.log_softmax(reference_input, dim=-1)
+    expected = log_softmax.gather(-1, targets[:, None]).squeeze(-1)
+    (expected * weights.double()).sum().backward()
+    expected_entropy = -(log_softmax.exp() * log_softmax).sum(-1).detach()
+
+    assert logprobs.dtype == entropy.dtype == torch.float32
+    torch.testing.assert_close(logprobs.detach().double(), expected.detach(), rtol=0, atol=2e-5)
+    # The entropy (a metric, no gradient) is a float32 sum of p * logits less the normalizer.
+    torch.testing.assert_close(entropy.double(), expected_entropy, rtol=0, atol=2e-4)
+    assert ours_input.grad is not None
+    assert reference_input.grad is not None
+    torch.testing.assert_close(ours_input.grad.double(), reference_input.grad, rtol=0, atol=1e-6)
+    assert not entropy.requires_grad
+
+
+def test_a_second_backward_through_the_logprobs_is_refused() -> None:
+    """Backward turns the kept probabilities into the gradient in place: a second backward
+    through the same graph is an error, never a wrong gradient."""
+    logits = torch.randn(4, 50).requires_grad_()
+    logprobs, _ = sampled_logprobs(logits, torch.tensor([1, 2, 3, 4]), lambda h: h, 16)
+    logprobs.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        logprobs.sum().backward()
+
+
 def test_rows_within_one_chunk_run_the_head_once_with_the_same_gradient(
     default_model: tuple[Any, Any],
 ) -> None:

@@ -14,6 +14,13 @@ Why checkpoint and not a fused kernel: Liger Kernel's and Unsloth's fused linear
 cross-entropy are Triton kernels (CUDA only), and a hand-written autograd Function
 would have to know the head's parameters, which a LoRA on `lm_head` changes; checkpoint
 differentiates whatever the head module is, on any device.
+
+After the head, one autograd Function (`_TokenLogprobs`) takes the logits to the
+logprobs and entropies: it keeps one vocabulary-wide tensor (the probabilities) for
+backward and turns it into the logits' gradient in place. Autograd's own ops
+(logsumexp, gather, softmax) made about eight such tensors a chunk, each of tens of
+megabytes: every one a fresh mapping to fault in on a CPU, where a training step
+returns blocks of 4 MiB or more to the system (`memory.large_frees_returned`).
 """
 
 from __future__ import annotations
@@ -47,16 +54,48 @@ def output_head(causal_lm: torch.nn.Module) -> Head:
     return head
 
 
+class _TokenLogprobs(torch.autograd.Function):
+    """Logits [rows, vocabulary] to each target's logprob and each row's entropy (no
+    gradient), with one vocabulary-wide tensor made in forward and none in backward."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        peak = logits.amax(dim=-1, keepdim=True)
+        probs = torch.sub(logits, peak).exp_()
+        totals = probs.sum(dim=-1, keepdim=True)
+        log_totals = totals.log()
+        probs.div_(totals)
+        # The peak taken out before the rest: the difference of two large logits is exact.
+        logprobs = ((logits.gather(-1, targets[:, None]) - peak) - log_totals).squeeze(-1)
+        # sum(p * logits) row by row as a batched dot product: no third wide tensor.
+        expected = torch.bmm(probs[:, None, :], logits[:, :, None]).view(-1)
+        entropy = (peak + log_totals).squeeze(-1) - expected
+        ctx.save_for_backward(probs, targets)
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor, _entropy: torch.Tensor
+    ) -> tuple[torch.Tensor, None]:
+        probs, targets = ctx.saved_tensors  # type: ignore[attr-defined]
+        # d logprob_i / d logits_ij = [j == target_i] - p_ij; the probabilities are not
+        # needed again, so they become the gradient (a second backward is refused by
+        # autograd's version check, not answered wrongly).
+        logits_grad = probs.mul_(-grad[:, None])
+        logits_grad.scatter_add_(-1, targets[:, None], grad[:, None])
+        return logits_grad, None
+
+
 def _chunk(
     hidden: torch.Tensor, targets: torch.Tensor, head: Head
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()
-    normalizer = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, targets[:, None]).squeeze(-1)
-    with torch.no_grad():
-        probs = torch.softmax(logits, dim=-1)
-        entropy = normalizer - (probs * logits).sum(-1)
-    return picked - normalizer, entropy
+    # torch types Function.apply untyped.
+    logprobs, entropy = _TokenLogprobs.apply(head(hidden).float(), targets)  # type: ignore[no-untyped-call]
+    return logprobs, entropy
 
 
 def sampled_logprobs(
