@@ -6,9 +6,9 @@ Here the head runs on `chunk_rows` hidden states at a time, each chunk under
 `torch.utils.checkpoint`: forward keeps only the chunk's hidden states and its
 logprobs, and backward recomputes one chunk's logits at a time. So at most one chunk of
 logits is alive, in forward and in backward. Rows that fit in one chunk are not
-checkpointed: their logits, kept from forward to backward, take no more memory than
-the recompute would (the head's backward comes first, every activation still alive),
-and the head's forward is not run twice.
+checkpointed: what they keep from forward to backward (the probabilities, below) takes no
+more memory than the recompute would (the head's backward comes first, every activation
+still alive), and the head's forward is not run twice.
 
 Why checkpoint and not a fused kernel: Liger Kernel's and Unsloth's fused linear
 cross-entropy are Triton kernels (CUDA only), and a hand-written autograd Function
