@@ -35,6 +35,7 @@ from ..chat_format import ChatRendering
 from .advantages import balanced, group_advantages
 from .batching import PACKED_ROW_TOKENS, MicroBatch, pack
 from .logprobs import output_head, sampled_logprobs
+from .lora_linear import with_fused_linear
 from .loss import LossConfig, grpo_loss
 from .memory import (
     GIB,
@@ -80,13 +81,15 @@ def create_peft_model(
 
 
 def lora_config(peft_args: dev.PeftArgs) -> LoraConfig:
-    """PEFT's LoRA config for `peft_args`."""
-    return LoraConfig(
-        r=peft_args.r,
-        lora_alpha=peft_args.lora_alpha,
-        lora_dropout=peft_args.lora_dropout,
-        target_modules=list(peft_args.target_modules),
-        task_type="CAUSAL_LM",
+    """PEFT's LoRA config for `peft_args`, its linear targets `FusedLoraLinear` layers."""
+    return with_fused_linear(
+        LoraConfig(
+            r=peft_args.r,
+            lora_alpha=peft_args.lora_alpha,
+            lora_dropout=peft_args.lora_dropout,
+            target_modules=list(peft_args.target_modules),
+            task_type="CAUSAL_LM",
+        )
     )
 
 
@@ -124,8 +127,9 @@ def add_adapter(
                 model.add_adapter(name, config)
             return model
         if adapter_dir is not None:
+            saved = with_fused_linear(LoraConfig.from_pretrained(str(adapter_dir)))
             wrapped = PeftModel.from_pretrained(
-                model, str(adapter_dir), adapter_name=name, is_trainable=True
+                model, str(adapter_dir), adapter_name=name, is_trainable=True, config=saved
             )
         else:
             wrapped = get_peft_model(model, config, adapter_name=name)
