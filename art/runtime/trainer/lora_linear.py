@@ -5,8 +5,8 @@ makes a tensor as wide as the layer's output, then a multiply and an add over it
 backward runs the same passes again, with Python for three modules a projection. Here the
 branch is added into the base output by one `addmm_` (`alpha=scaling`), and backward adds
 the branch's part of the input gradient into the base's the same way. The arithmetic is the
-same; a GRPO step of the default model trained 4.4% faster (AVX2, 2 cores,
-`benchmarks/RESULTS.md`, 2026-12-01).
+same; `PeftTrainer.step` on the GRPO benchmark's groups took 4.4% less time (float32, AVX2,
+2 cores, `benchmarks/RESULTS.md`, 2026-12-01).
 
 `FusedLoraLinear` is PEFT's own LoRA `Linear` with that forward where it applies (one active
 plain LoRA adapter, no dropout, not merged, a frozen `nn.Linear` base, no autocast, one
