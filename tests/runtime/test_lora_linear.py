@@ -137,4 +137,5 @@ def test_an_adapter_saves_as_peft_s_and_loads_into_either(tmp_path: Path) -> Non
     assert type(loaded.base_model.model.q_proj) is FusedLoraLinear
     x = torch.randn(3, 16)
     theirs.eval()
-    torch.testing.assert_close(loaded(x), theirs(x), rtol=1e-6, atol=1e-6)
+    # float32, the rank-r product summed in another order: a few units in the last place.
+    torch.testing.assert_close(loaded(x), theirs(x), rtol=1e-5, atol=1e-5)

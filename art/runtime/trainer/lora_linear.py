@@ -41,10 +41,13 @@ class _LoraProjection(torch.autograd.Function):
         scaling: float,
     ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        low = rows @ lora_a.t()  # [rows, r]
+        # The rank-r products are taken as [r, rows]: BLAS is several times faster with r as
+        # the output's rows than as its columns (MKL, float32: [190, 1536] x [1536, 8] 118
+        # us, [8, 1536] x [1536, 190] 49 us).
+        low_t = torch.mm(lora_a, rows.t())  # [r, rows]
         out = F.linear(rows, weight, bias)
-        out.addmm_(low, lora_b.t(), alpha=scaling)
-        ctx.save_for_backward(rows, low, weight, lora_a, lora_b)
+        out.addmm_(low_t.t(), lora_b.t(), alpha=scaling)
+        ctx.save_for_backward(rows, low_t, weight, lora_a, lora_b)
         ctx.scaling = scaling  # type: ignore[attr-defined]
         ctx.input_shape = x.shape  # type: ignore[attr-defined]
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -54,19 +57,19 @@ class _LoraProjection(torch.autograd.Function):
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, None, None, torch.Tensor | None, torch.Tensor | None, None]:
-        rows, low, weight, lora_a, lora_b = ctx.saved_tensors  # type: ignore[attr-defined]
+        rows, low_t, weight, lora_a, lora_b = ctx.saved_tensors  # type: ignore[attr-defined]
         scaling: float = ctx.scaling  # type: ignore[attr-defined]
         needs = ctx.needs_input_grad  # type: ignore[attr-defined]
         grad = grad.reshape(-1, grad.shape[-1])
-        low_grad = torch.mm(grad, lora_b).mul_(scaling)  # [rows, r]
+        low_grad_t = torch.mm(lora_b.t(), grad.t()).mul_(scaling)  # [r, rows]
         x_grad = a_grad = b_grad = None
         if needs[0]:
-            x_grad = torch.mm(grad, weight).addmm_(low_grad, lora_a)
+            x_grad = torch.mm(grad, weight).addmm_(low_grad_t.t(), lora_a)
             x_grad = x_grad.view(ctx.input_shape)  # type: ignore[attr-defined]
         if needs[3]:
-            a_grad = torch.mm(low_grad.t(), rows)
+            a_grad = torch.mm(low_grad_t, rows)
         if needs[4]:
-            b_grad = torch.mm(grad.t(), low).mul_(scaling)
+            b_grad = torch.mm(low_t, grad).mul_(scaling).t()
         return x_grad, None, None, a_grad, b_grad, None
 
 
