@@ -327,14 +327,24 @@ def test_rows_leaving_mid_batch_leave_their_neighbours_answers_unchanged(
         assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["transformers-step", "lean-step"])
 def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
-    default_model: tuple[Any, Any],
+    default_model: tuple[Any, Any], lean: bool
 ) -> None:
     """Prompts sharing the chat template's system prompt, and a next turn extending an
     earlier prompt, take those positions from the prefix cache; every sampled token's
-    logprob is still the full pass's, and the cache is emptied when the weights change."""
+    logprob is still the full pass's, and the cache is emptied when the weights change.
+    Through the merged copy's lean steps, prefill takes its logits through the lean
+    decoder's head and a prefix computed for the cache takes none: the copy's LM head
+    module never runs."""
     model, tokenizer = default_model
-    engine = _engine(model, tokenizer)
+    merged = MergedCopy(model, copy.deepcopy(model).requires_grad_(False)) if lean else None
+    engine = _engine(model, tokenizer, merged)
+    assert (engine._decoder.lean is not None) == lean
+    head_calls: list[int] = []
+    if merged is not None:
+        head = merged.plain.get_output_embeddings()
+        head.register_forward_hook(lambda _m, args, _out: head_calls.append(args[0].shape[-2]))
     try:
         first = _prompts(tokenizer)
         params = SamplingParams(max_tokens=12, temperature=1.0)  # unseeded: seeded skip the cache
@@ -354,6 +364,7 @@ def test_shared_prompt_prefixes_are_prefilled_once_and_change_nothing(
             full = _full_forward_logprobs(model, prompt, sample.token_ids)
             got = torch.tensor(sample.logprobs)
             assert torch.allclose(full, got, atol=1e-4), (full - got).abs().max()
+        assert head_calls == []
         with engine.paused():
             pass
         assert engine._prefixes.longest(None, tuple(first[0])) is None

@@ -139,19 +139,29 @@ class BatchDecoder:
             attention[i, len(attention[i]) - len(rest) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, len(prefix) :]
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "position_ids": positions,
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        lean = self._lean()
+        if lean is not None:  # the last position's logits through the decode step's head
+            hidden = self.model.get_decoder()(**inputs).last_hidden_state
+            logits = lean.logits(hidden[:, -1, :])
+        else:
             # An index tensor, not the int 1: the int slices a strided view of the hidden
             # states, and torch's matmul of such a view with a weight that does not require
             # grad (any PEFT-wrapped model) expands the whole LM head per row: 3x slower.
-            logits_to_keep=torch.tensor([longest - 1], device=device),
-        )
-        logits = output.logits[:, -1, :].float()
+            output = self.model(**inputs, logits_to_keep=torch.tensor([longest - 1], device=device))
+            logits = output.logits[:, -1, :].float()
         return Batch([], cache, attention, positions[:, -1:] + 1, logits)
+
+    def _lean(self) -> LeanDecoder | None:
+        """The lean decoder of the model the batch calls, where it reproduces that model."""
+        lean = self.lean.lean if isinstance(self.lean, StaticDecoder) else self.lean
+        return lean if lean is not None and self.model is lean.model else None
 
     def _keep_prefixes(
         self,
@@ -181,13 +191,17 @@ class BatchDecoder:
         if start == len(prefix):
             return layers
         cache = kv_cache.with_prefix(layers, 1) if layers else kv_cache.new_cache()
-        self.model(
-            input_ids=torch.tensor([prefix[start:]], device=device),
-            position_ids=torch.arange(start, len(prefix), device=device)[None],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=torch.tensor([len(prefix) - start - 1], device=device),
-        )
+        inputs = {
+            "input_ids": torch.tensor([prefix[start:]], device=device),
+            "position_ids": torch.arange(start, len(prefix), device=device)[None],
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        if self._lean() is not None:  # only the keys and values are wanted: no LM head
+            self.model.get_decoder()(**inputs)
+        else:
+            last = torch.tensor([len(prefix) - start - 1], device=device)
+            self.model(**inputs, logits_to_keep=last)
         layers = kv_cache.row_prefix(cache, 0, len(prefix))
         self.prefixes.put(adapter, prefix, layers)
         return layers

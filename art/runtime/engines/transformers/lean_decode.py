@@ -234,8 +234,14 @@ class LeanDecoder:
             normed = _rms_norm(hidden, layer.post_norm, self.eps)
             gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
-        normed = _rms_norm(hidden, self.norm, self.eps)
-        return self.linear(normed, self._head_weight(), self.head.bias).float()
+        return self.logits(_rms_norm(hidden, self.norm, self.eps))
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [rows, vocab] of final hidden states [rows, width] (after the
+        decoder's last norm), through the step's own linear: on a CPU, oneDNN's, where
+        torch's BLAS took the 49,152-wide head of the default model at 3 rows in 21 ms
+        against oneDNN's ~5 (float32, 2 cores)."""
+        return self.linear(normed.contiguous(), self._head_weight(), self.head.bias).float()
 
 
 def _reproduces(model: Any) -> bool:
