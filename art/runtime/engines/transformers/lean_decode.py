@@ -232,7 +232,10 @@ class LeanDecoder:
             attended = self._attend(query, keys, values, mask).reshape(rows, q_width)
             hidden = hidden + self.linear(attended, layer.o)
             normed = _rms_norm(hidden, layer.post_norm, self.eps)
-            gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
+            if isinstance(layer.gate_up, tuple):  # a packed copy's: no concatenated output
+                gate, up = (self.linear(normed, weight) for weight in layer.gate_up)
+            else:
+                gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
         return self.logits(_rms_norm(hidden, self.norm, self.eps))
 
