@@ -494,7 +494,7 @@ class PeftTrainer:
         peak = PeakMemory(self.device)
         peak.start()
         try:
-            with self._own_rng(), frees:
+            with self._own_rng(), frees, self._head.reusing_logits():
                 for planned in plan.batches:
                     if lower and planned.checkpointed:
                         # What the rollouts or the micro-batches before left in the heap
