@@ -184,14 +184,21 @@ def test_cache_and_decode_attention_match_the_full_forward_pass(
         engine.close()
 
 
-@pytest.mark.parametrize("blocked", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize(
+    ("blocked", "targets"),
+    [(False, None), (True, None), (True, ("q_proj", "v_proj", "up_proj"))],
+    ids=["plain", "packed", "packed-some-of-a-group"],
+)
 def test_the_merged_copy_serves_the_adapters_current_weights(
-    default_model: tuple[Any, Any], blocked: bool
+    default_model: tuple[Any, Any], blocked: bool, targets: tuple[str, ...] | None
 ) -> None:
     """Packed: the copy's layers hold oneDNN's blocked weights (`packed.py`), each merge
-    blocks W0 + delta afresh into the tensors the lean step holds."""
+    blocks W0 + delta afresh into the tensors the lean step holds; a layer's q/k/v and
+    gate/up are blocked as one weight each, so where the adapter takes only some of a
+    group, the rest of it is blocked again from W0."""
     base, tokenizer = default_model
-    wrapped = add_adapter(copy.deepcopy(base), "policy", PeftArgs(), seed=0)
+    peft_args = PeftArgs() if targets is None else PeftArgs(target_modules=targets)
+    wrapped = add_adapter(copy.deepcopy(base), "policy", peft_args, seed=0)
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
     share_unmerged(plain, plain_model(wrapped))  # as the engine's copy: embeddings shared

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from ... import models
 from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
-from .packed import PackedLinear, Weights, block, packed_linear
+from .packed import PackedLinear, block, packed_linear
 from .packed import onednn_linear as _onednn_linear
 
 logger = logging.getLogger("art.engine")
@@ -75,13 +75,13 @@ Attention = Literal["fused", "matmul"]
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
-    # [(heads + 2 kv heads) x head_dim, hidden]: q, k, v rows stacked; in a packed copy
-    # (`packed.py`) the three blocked weights, their outputs concatenated.
-    qkv: Weights
-    qkv_bias: torch.Tensor | tuple[torch.Tensor, ...] | None
+    # [(heads + 2 kv heads) x head_dim, hidden]: q, k, v rows stacked (in a packed copy,
+    # `packed.py`, blocked as one weight: its q/k/v group's).
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
     o: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: Weights  # [2 x intermediate, hidden]: gate rows, then up rows (or the two)
+    gate_up: torch.Tensor  # [2 x intermediate, hidden]: gate rows, then up rows
     down: torch.Tensor
 
 
@@ -118,8 +118,6 @@ class LeanDecoder:
         if self.packed:
             self.linear = packed_linear
         elif on_cpu:
-            assert isinstance(first.qkv, torch.Tensor)  # plain weights: fused buffers
-            assert isinstance(first.gate_up, torch.Tensor)
             self.linear = linear_for(
                 self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
             )
@@ -154,16 +152,17 @@ class LeanDecoder:
     @staticmethod
     def _fuse(layer: Any) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
-        if isinstance(attention.q_proj, PackedLinear):
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            biases = tuple(p.bias for p in projections if p.bias is not None)
+        if isinstance(attention.q_proj, PackedLinear):  # q/k/v and gate/up blocked as one
+            qkv_group, gate_up_group = attention.q_proj.group, mlp.gate_proj.group
+            assert qkv_group is not None  # `packed.pack` groups them
+            assert gate_up_group is not None
             return _Layer(
                 input_norm=layer.input_layernorm.weight,
-                qkv=tuple(p.blocked for p in projections),
-                qkv_bias=biases or None,
+                qkv=qkv_group.blocked,
+                qkv_bias=qkv_group.bias,
                 o=attention.o_proj.blocked,
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=(mlp.gate_proj.blocked, mlp.up_proj.blocked),
+                gate_up=gate_up_group.blocked,
                 down=mlp.down_proj.blocked,
             )
         qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
@@ -232,10 +231,7 @@ class LeanDecoder:
             attended = self._attend(query, keys, values, mask).reshape(rows, q_width)
             hidden = hidden + self.linear(attended, layer.o)
             normed = _rms_norm(hidden, layer.post_norm, self.eps)
-            if isinstance(layer.gate_up, tuple):  # a packed copy's: no concatenated output
-                gate, up = (self.linear(normed, weight) for weight in layer.gate_up)
-            else:
-                gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
+            gate, up = self.linear(normed, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + self.linear(F.silu(gate) * up, layer.down)
         return self.logits(_rms_norm(hidden, self.norm, self.eps))
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .packed import PackedLinear
+from .packed import BlockedGroup, PackedLinear
 
 _STALE = object()  # nothing merged yet, or the adapters changed since
 
@@ -65,16 +65,19 @@ class MergedCopy:
             self._merged = adapter
             return
         # Found again each time: a model registered later may have adapted other modules.
+        sources = dict(plain_model(self.peft_model).named_modules())
         pairs: list[tuple[Any, Any]] = [
             (module, self._targets[name])
-            for name, module in plain_model(self.peft_model).named_modules()
+            for name, module in sources.items()
             if isinstance(module, LoraLayer)
         ]
+        groups: dict[int, BlockedGroup] = {}  # blocked together: loaded once, below
         for lora, target in pairs:
             weight = lora.get_base_layer().weight
-            if isinstance(target, PackedLinear):  # blocked afresh from W0 + delta
-                unadapted = adapter is None or adapter not in lora.lora_A
-                target.load(weight if unadapted else weight + lora.get_delta_weight(adapter))
+            if isinstance(target, PackedLinear) and target.group is not None:
+                groups[id(target.group)] = target.group
+            elif isinstance(target, PackedLinear):  # blocked afresh from W0 + delta
+                target.load(_merged_weight(lora, adapter))
             elif adapter is None or adapter not in lora.lora_A:
                 target.weight.copy_(weight)
             else:
@@ -83,7 +86,25 @@ class MergedCopy:
                 # of the weight's size besides PEFT's delta.
                 target.weight.copy_(weight)
                 target.weight.add_(lora.get_delta_weight(adapter))
+        for group in groups.values():  # every member, adapted or not, blocked afresh
+            group.load([_merged_weight(sources[name], adapter) for name in group.names])
         self._merged = adapter
+
+
+def _merged_weight(module: Any, adapter: str | None) -> torch.Tensor:
+    """W0 + delta of `module` (a PEFT LoRA layer) for `adapter`; W0 where `adapter` is None
+    or does not adapt it, or where `module` is a plain linear layer."""
+    from peft.tuners.lora import LoraLayer
+
+    lora: Any = module  # PEFT's layer classes are typed loosely
+    if not isinstance(module, LoraLayer):
+        weight: torch.Tensor = lora.weight
+        return weight
+    weight = lora.get_base_layer().weight
+    if adapter is None or adapter not in lora.lora_A:
+        return weight
+    merged: torch.Tensor = weight + lora.get_delta_weight(adapter)
+    return merged
 
 
 def share_unmerged(plain: Any, base: Any) -> None:
