@@ -143,6 +143,18 @@ def _into_probabilities(
     return logprobs, entropy
 
 
+def _into_logits_gradient(
+    probs: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor
+) -> torch.Tensor:
+    """The logits' gradient from the logprobs' `grad`, made in place of `probs`.
+
+    d logprob_i / d logits_ij = [j == target_i] - p_ij; the probabilities are not needed
+    again, so they become the gradient (a second backward is refused by autograd's version
+    check, not answered wrongly)."""
+    logits_grad = probs.mul_(-grad[:, None])
+    return logits_grad.scatter_add_(-1, targets[:, None], grad[:, None])
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """Logits [rows, vocabulary] to each target's logprob and each row's entropy (no
     gradient), with one vocabulary-wide tensor made in forward and none in backward."""
@@ -163,12 +175,7 @@ class _TokenLogprobs(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor, _entropy: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         probs, targets = ctx.saved_tensors  # type: ignore[attr-defined]
-        # d logprob_i / d logits_ij = [j == target_i] - p_ij; the probabilities are not
-        # needed again, so they become the gradient (a second backward is refused by
-        # autograd's version check, not answered wrongly).
-        logits_grad = probs.mul_(-grad[:, None])
-        logits_grad.scatter_add_(-1, targets[:, None], grad[:, None])
-        return logits_grad, None
+        return _into_logits_gradient(probs, targets, grad), None
 
 
 class _LinearTokenLogprobs(torch.autograd.Function):
@@ -196,10 +203,9 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor, _entropy: torch.Tensor
     ) -> tuple[torch.Tensor, None, None, None]:
         probs, targets, weight = ctx.saved_tensors  # type: ignore[attr-defined]
-        # As `_TokenLogprobs.backward`; a later micro-batch writing the buffer before this
-        # backward ran would fail autograd's version check, not give a wrong gradient.
-        logits_grad = probs.mul_(-grad[:, None])
-        logits_grad.scatter_add_(-1, targets[:, None], grad[:, None])
+        # A later micro-batch writing the buffer before this backward ran fails autograd's
+        # version check above, never gives a wrong gradient.
+        logits_grad = _into_logits_gradient(probs, targets, grad)
         return torch.mm(logits_grad, weight), None, None, None
 
 

@@ -65,16 +65,16 @@ class BlockedGroup:
         # The product for the input the members are taking it for: dropped once each
         # member has taken its columns, so no layer's activations outlive its forward.
         self._input: torch.Tensor | None = None
-        self._version = -1
         self._output: torch.Tensor | None = None
         self._taken: set[int] = set()
 
     def take(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Member `index`'s output for `x`: its columns of the group's product."""
-        version = -1 if x.is_inference() else x._version  # inference tensors have none
-        if x is not self._input or version != self._version or index in self._taken:
+        # The same tensor object (held here, so its memory is not another's): the members
+        # of a transformers layer take one input, unchanged between their calls.
+        if x is not self._input or index in self._taken:
             self._output = onednn_linear(x, self.blocked, self.bias)
-            self._input, self._version, self._taken = x, version, set()
+            self._input, self._taken = x, set()
         assert self._output is not None
         start = sum(self.widths[:index])
         columns = self._output[..., start : start + self.widths[index]]
