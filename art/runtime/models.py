@@ -145,7 +145,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-DECODE_GEMMS = ("onednn", "blas")
+DECODE_GEMMS = ("onednn", "blas", "mkl")
 
 
 @dataclass(frozen=True)
@@ -161,14 +161,21 @@ class CpuKernels:
     def describe(self) -> str:
         dtype = "bfloat16" if self.native_bf16 else "float32"
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
-        gemm = {"onednn": "oneDNN", "blas": "torch's BLAS"}[self.decode_gemm]
+        gemm = {
+            "onednn": "oneDNN",
+            "blas": "torch's BLAS",
+            "mkl": "MKL's packed GEMM on weights packed ahead",
+        }[self.decode_gemm]
         if self.decode_gemm == "onednn" and not self.decode_gemm_named:
-            gemm += ", or torch's BLAS at 1-2 rows where it times clearly faster"
+            gemm += (
+                " (or MKL's packed GEMM where it times clearly faster on the model's layers),"
+                " or torch's BLAS at 1-2 rows where it times clearly faster"
+            )
         return (
             f"art: CPU kernels {self.capability}, {bf16}: dtype 'auto' is {dtype} "
             "(InitArgs(dtype=...) overrides it; ATEN_CPU_CAPABILITY=avx2 forces AVX2 kernels, "
             "and ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 the matmul libraries'); "
-            f"float32 decode steps multiply with {gemm} (ART_DECODE_GEMM=onednn|blas)"
+            f"float32 decode steps multiply with {gemm} (ART_DECODE_GEMM=onednn|blas|mkl)"
         )
 
 
@@ -179,8 +186,9 @@ def cpu_kernels() -> CpuKernels:
     A float32 decode step's matmuls go to oneDNN where torch has it: at the few rows a
     decode step has, torch's BLAS (MKL) streams a weight at about half the rate oneDNN does
     (the LM head at 1 row: 11.1 ms against 5.8 with AVX2 kernels, 10.4 against 5.7 with
-    AVX512; `benchmarks/decode_profile.py` measures both). `ART_DECODE_GEMM` picks one by
-    name."""
+    AVX512; `benchmarks/decode_profile.py` measures both). The engine's packed copy may
+    take MKL's packed GEMM instead where it times faster (`lean_decode.packs`).
+    `ART_DECODE_GEMM` picks one by name: onednn, blas, or mkl (the copy packed for MKL)."""
     import torch
 
     capability = torch.backends.cpu.get_cpu_capability()
@@ -190,13 +198,19 @@ def cpu_kernels() -> CpuKernels:
         raise ConfigError(
             "ART_DECODE_GEMM",
             f"is {wanted!r}, not one of {', '.join(DECODE_GEMMS)}",
-            "Set it to onednn or blas, or unset it to let art pick",
+            "Set it to onednn, blas or mkl, or unset it to let art pick",
         )
     if wanted == "onednn" and not onednn_linear_available():
         raise ConfigError(
             "ART_DECODE_GEMM",
             "is 'onednn', and this torch has no oneDNN linear (torch.backends.mkldnn)",
             "Unset it, or set it to blas",
+        )
+    if wanted == "mkl" and not (onednn_linear_available() and mkl_packed_linear_available()):
+        raise ConfigError(
+            "ART_DECODE_GEMM",
+            "is 'mkl', and this torch has no MKL packed linear (torch.ops.mkl._mkl_linear)",
+            "Unset it, or set it to onednn or blas",
         )
     gemm = wanted or ("onednn" if onednn_linear_available() else "blas")
     return CpuKernels(capability, native, gemm, decode_gemm_named=bool(wanted))
@@ -208,6 +222,18 @@ def onednn_linear_available() -> bool:
 
     available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     return bool(available) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def mkl_packed_linear_available() -> bool:
+    """Whether this torch can pack a float32 weight for MKL's packed GEMM and multiply by it
+    (the ops torch's inductor lowers a float32 CPU linear to where MKL is present)."""
+    import torch
+
+    return (
+        bool(torch.backends.mkl.is_available())  # type: ignore[no-untyped-call]
+        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+    )
 
 
 _said: set[str] = set()

@@ -58,14 +58,17 @@ def test_forcing_avx2_kernels_picks_fp32_as_an_avx2_cpu_would() -> None:
 def test_float32_decode_steps_multiply_with_onednn_said_and_overridable_by_name() -> None:
     said = run(ATEN_CPU_CAPABILITY="avx2").stderr
     assert (
-        "float32 decode steps multiply with oneDNN, or torch's BLAS at 1-2 rows where it "
-        "times clearly faster (ART_DECODE_GEMM=onednn|blas)"
+        "float32 decode steps multiply with oneDNN (or MKL's packed GEMM where it times "
+        "clearly faster on the model's layers), or torch's BLAS at 1-2 rows where it "
+        "times clearly faster (ART_DECODE_GEMM=onednn|blas|mkl)"
     ) in said
     named = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="onednn").stderr
     assert "float32 decode steps multiply with oneDNN (ART_DECODE_GEMM" in named  # no split
     blas = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="blas").stderr
     assert "float32 decode steps multiply with torch's BLAS" in blas
+    mkl = run(ATEN_CPU_CAPABILITY="avx2", ART_DECODE_GEMM="mkl").stderr
+    assert "float32 decode steps multiply with MKL's packed GEMM on weights packed" in mkl
     with pytest.raises(subprocess.CalledProcessError) as refused:
-        run(ART_DECODE_GEMM="mkl")
+        run(ART_DECODE_GEMM="openblas")
     assert "ART_DECODE_GEMM" in refused.value.stderr
-    assert "not one of onednn, blas" in refused.value.stderr
+    assert "not one of onednn, blas, mkl" in refused.value.stderr

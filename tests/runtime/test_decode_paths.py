@@ -185,29 +185,37 @@ def test_cache_and_decode_attention_match_the_full_forward_pass(
 
 
 @pytest.mark.parametrize(
-    ("blocked", "targets"),
-    [(False, None), (True, None), (True, ("q_proj", "v_proj", "up_proj"))],
-    ids=["plain", "packed", "packed-some-of-a-group"],
+    ("packing", "targets"),
+    [
+        (None, None),
+        ("onednn", None),
+        ("onednn", ("q_proj", "v_proj", "up_proj")),
+        ("mkl", ("q_proj", "v_proj", "up_proj")),
+    ],
+    ids=["plain", "packed", "packed-some-of-a-group", "packed-mkl-some-of-a-group"],
 )
 def test_the_merged_copy_serves_the_adapters_current_weights(
-    default_model: tuple[Any, Any], blocked: bool, targets: tuple[str, ...] | None
+    default_model: tuple[Any, Any], packing: Any, targets: tuple[str, ...] | None
 ) -> None:
-    """Packed: the copy's layers hold oneDNN's blocked weights (`packed.py`), each merge
-    blocks W0 + delta afresh into the tensors the lean step holds; a layer's q/k/v and
-    gate/up are blocked as one weight each, so where the adapter takes only some of a
-    group, the rest of it is blocked again from W0."""
+    """Packed: the copy's layers hold weights packed ahead (`packed.py`: blocked for oneDNN,
+    or packed for MKL's packed GEMM), each merge packs W0 + delta afresh into the
+    `PackedWeight`s the lean step holds; a layer's q/k/v and gate/up are packed as one
+    weight each, so where the adapter takes only some of a group, the rest of it is
+    packed again from W0."""
+    if packing == "mkl" and not models.mkl_packed_linear_available():
+        pytest.skip("this torch has no MKL packed linear")
     base, tokenizer = default_model
     peft_args = PeftArgs() if targets is None else PeftArgs(target_modules=targets)
     wrapped = add_adapter(copy.deepcopy(base), "policy", peft_args, seed=0)
     wrapped.set_adapter("policy")
     plain = copy.deepcopy(base).requires_grad_(False)
     share_unmerged(plain, plain_model(wrapped))  # as the engine's copy: embeddings shared
-    if blocked:
-        packed.pack(plain)
+    if packing is not None:
+        packed.pack(plain, packing)
     engine = _engine(wrapped, tokenizer, MergedCopy(wrapped, plain))
     lean = engine._decoder.lean
     assert isinstance(lean, LeanDecoder)  # the default model's decode steps skip transformers
-    assert lean.packed == blocked
+    assert lean.packing == packing
     prompts = _prompts(tokenizer)[1:2]
     greedy = SamplingParams(max_tokens=16, temperature=0)
     try:
@@ -426,27 +434,33 @@ def test_a_prompt_seen_before_takes_one_prefill_call_and_its_prefix_is_kept(
 
 @pytest.mark.parametrize("prompt", [9, 1100], ids=["short", "long"])
 @pytest.mark.parametrize("attention", ["fused", "matmul"])
-@pytest.mark.parametrize("gemm", ["onednn", "blas", "packed"])
+@pytest.mark.parametrize("gemm", ["onednn", "blas", "packed", "packed-mkl"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_lean_decode_steps_give_transformers_logits(
     model_type: str, gemm: str, attention: Any, prompt: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In float32 (the tiny model's dtype) through either library a decode step's
-    matmuls can go to (`ART_DECODE_GEMM`), or oneDNN on weights blocked ahead (`packed`:
-    prefill runs the packed modules too), with either attention (a CPU's fused kernel,
-    a GPU's two matmuls: CI has no GPU, so its attention is held here), over a few
-    positions and over more than the fused kernel takes in one block of keys. Each
-    logit is transformers' own on the plain weights."""
-    monkeypatch.setenv("ART_DECODE_GEMM", "onednn" if gemm == "packed" else gemm)
+    matmuls can go to (`ART_DECODE_GEMM`), or on weights packed ahead, blocked for oneDNN
+    (`packed`) or packed for MKL's packed GEMM (`packed-mkl`; prefill runs the packed
+    modules too), with either attention (a CPU's fused kernel, a GPU's two matmuls: CI
+    has no GPU, so its attention is held here), over a few positions and over more than
+    the fused kernel takes in one block of keys. Each logit is transformers' own on the
+    plain weights."""
+    if gemm == "packed-mkl" and not models.mkl_packed_linear_available():
+        pytest.skip("this torch has no MKL packed linear")
+    named = {"packed": "onednn", "packed-mkl": "mkl"}.get(gemm, gemm)
+    monkeypatch.setenv("ART_DECODE_GEMM", named)
     reference = tiny_causal_lm(model_type, max_positions=2048)
     model = reference
-    if gemm == "packed":
+    if gemm.startswith("packed"):
         model = copy.deepcopy(reference)
-        assert packed.pack(model) == 2 * 7  # every projection of both layers, not the head
+        assert lean_decode.packs(model) == named  # named: never timed
+        assert packed.pack(model, named) == 2 * 7  # every projection of both layers, not the head
     lean = LeanDecoder.of(model, attention=attention)
     assert lean is not None
     assert lean.attention == attention
-    assert lean.packed == (gemm == "packed")
+    assert lean.packed == gemm.startswith("packed")
+    assert lean.packing == (named if gemm.startswith("packed") else None)
     assert (lean.linear is torch.nn.functional.linear) == (gemm == "blas")
     # Two rows, the second left-padded by 3; both prefilled by transformers, then 4 steps.
     ids = torch.randint(1, 300, (2, prompt), generator=torch.Generator().manual_seed(1))
@@ -541,8 +555,18 @@ def test_the_engines_copy_is_packed_where_every_row_count_goes_to_onednn(
     assert _bytes(plain) > 4 * linears
     assert not lean_decode.packs(plain)  # already packed: nothing more to do
 
+    assert layer.self_attn.q_proj.blocked.packing == "onednn"
+
     monkeypatch.setenv("ART_DECODE_GEMM", "blas")
     assert type(copy_for("float32").model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    if models.mkl_packed_linear_available():
+        monkeypatch.setenv("ART_DECODE_GEMM", "mkl")
+        mkl_layer = copy_for("float32").model.layers[0]
+        assert mkl_layer.self_attn.q_proj.blocked.packing == "mkl"
+        assert mkl_layer.mlp.down_proj.blocked.packing == "mkl"
+    # Unnamed: timed, and either packing (or none, where BLAS takes the fewest rows).
+    monkeypatch.delenv("ART_DECODE_GEMM")
+    assert lean_decode.packs(copy.deepcopy(base).float()) in (None, *packed.PACKINGS)
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
     assert not lean_decode.packs(copy.deepcopy(base).to(torch.bfloat16))
     assert not lean_decode.packs(tiny_causal_lm("gpt2"))

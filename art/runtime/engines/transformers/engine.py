@@ -453,8 +453,9 @@ def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
     plain, _ = models.load(spec.resolved, config.init_args.dtype, str(device))
     plain.requires_grad_(False)
     share_unmerged(plain, plain_model(served))
-    if packs(plain):
-        pack(plain)
+    packing = packs(plain)
+    if packing is not None:
+        pack(plain, packing)
     return MergedCopy(served, plain)
 
 

@@ -18,9 +18,11 @@ measured). Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (M
 `ART_DECODE_GEMM` names one, the decoder times both on its own weights at start-up and
 gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLinear`).
 Where every row count goes to oneDNN (`packs`), the engine's copy holds its layers'
-weights blocked for oneDNN (`packed.py`); the step then multiplies q, k and v (and gate
-and up) one blocked weight at a time, since a blocked weight cannot be a view of a
-fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
+weights packed ahead (`packed.py`): blocked for oneDNN, or packed for MKL's packed GEMM
+where that times clearly faster on the model's first layers (on an Intel Xeon with AVX2
+kernels it took 0.69-0.77x oneDNN's time at 32 rows; with its AVX512 kernels 0.87-0.94x,
+under the margin). The step then multiplies q, k and v (and gate and up) one packed
+weight at a time, since a packed weight cannot be a view of a fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
 table, which lookups and the trainer need plain, so its blocked form is a second copy
 (113 MB for the default model), dropped at every pause of the engine (`release`), where
 training wants the memory and the weights may change. Blocking it takes ~40 ms and saves
@@ -49,7 +51,7 @@ import torch.nn.functional as F
 from ... import models
 from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
-from .packed import PackedLinear, block, packed_linear
+from .packed import PackedLinear, PackedWeight, Packing, block, packed_linear
 from .packed import onednn_linear as _onednn_linear
 
 logger = logging.getLogger("art.engine")
@@ -62,6 +64,12 @@ SUPPORTED = {"llama": False, "qwen2": True}
 # oneDNN: near the margin a choice could differ between two starts).
 _BLAS_ROW_CANDIDATES = (1, 2)
 _BLAS_MARGIN = 1.25
+# MKL's packed GEMM must be this much faster than oneDNN's blocked weights, timed at the
+# rows weights are packed for on the model's first `_PACKING_TIMED_LAYERS` layers, to be
+# picked: a margin over the timing's noise, so the choice holds between two starts.
+_MKL_MARGIN = 1.15
+_PACKING_TIMED_LAYERS = 2
+_PACKING_TIMED_ROWS = 32
 # Decode steps of at least `_HEAD_WIDE_ROWS` rows after which a packed copy's LM head is
 # blocked: by then those steps would have saved what blocking costs (~40 ms against ~2-3
 # ms a step), so a run that stops right after pays at most twice what it had to.
@@ -77,12 +85,12 @@ class _Layer:
     input_norm: torch.Tensor
     # [(heads + 2 kv heads) x head_dim, hidden]: q, k, v rows stacked (in a packed copy,
     # `packed.py`, blocked as one weight: its q/k/v group's).
-    qkv: torch.Tensor
+    qkv: torch.Tensor | PackedWeight
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: torch.Tensor | PackedWeight
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 x intermediate, hidden]: gate rows, then up rows
-    down: torch.Tensor
+    gate_up: torch.Tensor | PackedWeight  # [2 x intermediate, hidden]: gate rows, then up rows
+    down: torch.Tensor | PackedWeight
 
 
 class LeanDecoder:
@@ -106,7 +114,7 @@ class LeanDecoder:
         self.rotary = decoder.rotary_emb
         self.norm = decoder.norm.weight
         self.head = model.get_output_embeddings()
-        self._blocked_head: torch.Tensor | None = None  # a packed copy's, between pauses
+        self._blocked_head: PackedWeight | None = None  # a packed copy's, between pauses
         self._wide_steps = 0  # steps of `_HEAD_WIDE_ROWS` rows or more since `release`
         self.layers = [self._fuse(layer) for layer in decoder.layers]
         first = self.layers[0]
@@ -114,13 +122,16 @@ class LeanDecoder:
         on_cpu = self.norm.device.type == "cpu"
         self.attention: Attention = attention or ("fused" if on_cpu else "matmul")
         self._attend: Attend = grouped_attention if self.attention == "fused" else _matmul_attention
-        self.packed = isinstance(decoder.layers[0].self_attn.o_proj, PackedLinear)
+        o_proj = decoder.layers[0].self_attn.o_proj
+        self.packed = isinstance(o_proj, PackedLinear)
+        # The library a packed copy's weights are packed for; its LM head is packed alike.
+        self.packing: Packing | None = o_proj.blocked.packing if self.packed else None
         if self.packed:
             self.linear = packed_linear
-        elif on_cpu:
-            self.linear = linear_for(
-                self.norm.dtype, [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
-            )
+        elif on_cpu:  # unpacked: every weight is a plain tensor
+            weights = [first.qkv, first.o, first.gate_up, first.down, self.head.weight]
+            plain = [weight for weight in weights if isinstance(weight, torch.Tensor)]
+            self.linear = linear_for(self.norm.dtype, plain)
 
     def release(self) -> None:
         """Drop the blocked LM head (a packed copy's); the next step blocks it again."""
@@ -132,17 +143,17 @@ class LeanDecoder:
         """Bytes held beyond the model's own weights: the blocked LM head, when held."""
         return self.head.weight.nbytes if self._blocked_head is not None else 0
 
-    def _head_weight(self) -> torch.Tensor:
+    def _head_weight(self) -> torch.Tensor | PackedWeight:
         if self._blocked_head is not None:
             return self._blocked_head
         return self.head.weight  # type: ignore[no-any-return]
 
     def _count_step(self, rows: int) -> None:
         """Block a packed copy's LM head once enough wide steps have run since `release`."""
-        if self.packed and self._blocked_head is None and rows >= _HEAD_WIDE_ROWS:
+        if self.packing is not None and self._blocked_head is None and rows >= _HEAD_WIDE_ROWS:
             self._wide_steps += 1
             if self._wide_steps >= _HEAD_BLOCKED_AFTER:
-                self._blocked_head = block(self.head.weight)
+                self._blocked_head = block(self.head.weight, self.packing)
 
     @classmethod
     def of(cls, model: Any, attention: Attention | None = None) -> LeanDecoder | None:
@@ -273,22 +284,68 @@ def _matmul_attention(
     return torch.matmul(weights.transpose(-1, -2), values)
 
 
-def packs(model: Any) -> bool:
-    """Whether the sampling copy `model` should hold its linear layers blocked for oneDNN
-    (`packed.py`): a float32 model on a CPU of an architecture the lean step reproduces,
-    where the lean step would multiply every row count through oneDNN."""
+def packs(model: Any) -> Packing | None:
+    """How the sampling copy `model` should hold its linear layers packed ahead
+    (`packed.py`), or None: a float32 model on a CPU of an architecture the lean step
+    reproduces, where the lean step would multiply every row count through oneDNN. Packed
+    for MKL's packed GEMM where `ART_DECODE_GEMM=mkl` names it, or unless a library is
+    named, where it times clearly faster than oneDNN on the model's first layers."""
     if model.device.type != "cpu" or model.dtype != torch.float32:
-        return False
+        return None
     if not _reproduces(model) or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return False
+        return None
     layer = model.get_decoder().layers[0]
     attention, mlp = layer.self_attn, layer.mlp
     projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
     projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
     if not all(type(p) is torch.nn.Linear for p in projections):
-        return False
+        return None
+    kernels = models.cpu_kernels()
+    if kernels.decode_gemm == "mkl":
+        return "mkl"
     weights = [p.weight for p in projections] + [model.get_output_embeddings().weight]
-    return linear_for(torch.float32, weights) is _onednn_linear
+    if linear_for(torch.float32, weights) is not _onednn_linear:
+        return None
+    if kernels.decode_gemm_named or not models.mkl_packed_linear_available():
+        return "onednn"
+    return _faster_packing(model)
+
+
+def _faster_packing(model: Any) -> Packing:
+    """ "mkl" where MKL's packed GEMM multiplies the first layers' weights (as `packed.pack`
+    groups them) `_MKL_MARGIN` times as fast as oneDNN's blocked weights, else "onednn".
+    Each its best of three passes; ~0.1 s for the default model."""
+    weights: list[torch.Tensor] = []
+    for layer in model.get_decoder().layers[:_PACKING_TIMED_LAYERS]:
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = [attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]
+        weights.append(torch.cat(qkv))
+        weights += [attention.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])]
+        weights.append(mlp.down_proj.weight)
+
+    def best_seconds(packing: Packing) -> float:
+        packed = [block(weight, packing) for weight in weights]
+        inputs = {w.shape[1]: torch.randn(_PACKING_TIMED_ROWS, w.shape[1]) for w in weights}
+        best = float("inf")
+        with torch.no_grad():
+            for attempt in range(4):  # the first warms the kernels and caches, untimed
+                started = time.perf_counter()
+                for weight in packed:
+                    weight.linear(inputs[weight.in_features])
+                if attempt:
+                    best = min(best, time.perf_counter() - started)
+        return best
+
+    onednn, mkl = best_seconds("onednn"), best_seconds("mkl")
+    chosen: Packing = "mkl" if mkl * _MKL_MARGIN < onednn else "onednn"
+    logger.info(
+        "float32 decode steps: weights packed for %s (MKL %.1f ms, oneDNN %.1f ms on %d layers)",
+        chosen,
+        mkl * 1e3,
+        onednn * 1e3,
+        _PACKING_TIMED_LAYERS,
+    )
+    return chosen
 
 
 def linear_for(
