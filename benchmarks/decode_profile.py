@@ -12,7 +12,8 @@ OpenAI endpoint. Measured in one run:
 3. the floor: the matmuls of one decode step alone (every layer's fused q/k/v, o,
    gate/up and down projections at `--concurrency` rows, and the LM head), timed in a
    loop on the same weights through the library the engine multiplies with (in float32,
-   oneDNN where torch has it, torch's BLAS at 1-2 rows where that times clearly faster;
+   oneDNN where torch has it, torch's BLAS at 1-2 rows where that times clearly faster,
+   or weights packed ahead for oneDNN or MKL where the engine's copy packs them;
    torch's BLAS is timed beside it), as tokens/s. The ratio
    of (1) to it is how much of what this CPU's GEMM allows the engine reaches.
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 import art
 from art.local import LocalBackend
 from art.runtime import models
-from art.runtime.engines.transformers import lean_decode
+from art.runtime.engines.transformers import lean_decode, packed
 
 # The figures and helpers of the whole-backend benchmark (this folder is first on sys.path).
 
@@ -85,11 +88,17 @@ def group_of(name: str) -> str:
 
 
 def step_matmul_floor(
-    base_model: str, dtype: str, rows: int, repeats: int, linear: Any = F.linear
+    base_model: str,
+    dtype: str,
+    rows: int,
+    repeats: int,
+    linear: Any = F.linear,
+    packing: packed.Packing | None = None,
 ) -> float:
     """Tokens/s if a decode step were only its matmuls: `rows` rows through every weight
     of the model once (fused as the engine fuses them) and the LM head, multiplied by
-    `linear` (F.linear: torch's BLAS)."""
+    `linear` (F.linear: torch's BLAS), or packed ahead for `packing`'s library as the
+    engine's copy packs them (`packed.py`)."""
     model, _ = models.load(models.resolve(base_model), dtype)
     weights: list[torch.Tensor] = []
     for layer in model.get_decoder().layers:
@@ -102,15 +111,28 @@ def step_matmul_floor(
         weights.append(mlp.down_proj.weight)
     weights.append(model.get_output_embeddings().weight)
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    products: list[Callable[[], torch.Tensor]] = [
+        functools.partial(linear, inputs[w.shape[1]], w) for w in weights
+    ]
+    if packing is not None:
+        products = [
+            functools.partial(packed.block(w, packing).linear, inputs[w.shape[1]]) for w in weights
+        ]
     with torch.no_grad():
-        for weight in weights:  # warm the kernels and caches
-            linear(inputs[weight.shape[1]], weight)
+        for product in products:  # warm the kernels and caches
+            product()
         started = time.perf_counter()
         for _ in range(repeats):
-            for weight in weights:
-                linear(inputs[weight.shape[1]], weight)
+            for product in products:
+                product()
         elapsed = time.perf_counter() - started
     return rows * repeats / elapsed
+
+
+def engine_packing(base_model: str) -> packed.Packing | None:
+    """How the engine's sampling copy packs its layers here (`lean_decode.packs`), or None."""
+    model, _ = models.load(models.resolve(base_model), "auto")
+    return lean_decode.packs(model)
 
 
 def engine_linear(base_model: str) -> Any:
@@ -189,11 +211,16 @@ def main() -> None:
     profiled, (prof, wall) = asyncio.run(measure(args, args.seconds, profile=True))
     # The floor multiplies as the engine's decode steps do; torch's BLAS is shown beside it.
     linear = engine_linear(args.base_model)
+    packing = engine_packing(args.base_model)
     gemm = lean_decode.gemm_name(linear)
+    if packing is not None:
+        gemm = f"{packing}, on weights packed ahead"
     blas_floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats)
     floor = blas_floor
     if gemm != "blas":
-        floor = step_matmul_floor(args.base_model, "auto", args.concurrency, repeats, linear)
+        floor = step_matmul_floor(
+            args.base_model, "auto", args.concurrency, repeats, linear, packing
+        )
     print(f"machine: {bench.machine()}; dtype {dtype}; decode GEMMs: {gemm}")
     print(f"decode at {args.concurrency} concurrent requests, {args.max_tokens} tokens each:")
     print(f"  ours (LocalBackend, endpoint)       {plain:8.1f} tokens/s")
