@@ -21,7 +21,7 @@ Where every row count goes to oneDNN (`packs`), the engine's copy holds its laye
 weights packed ahead (`packed.py`): blocked for oneDNN, or packed for MKL's packed GEMM
 where that times clearly faster on the model's first layers (on an Intel Xeon with AVX2
 kernels it took 0.69-0.77x oneDNN's time at 32 rows; with its AVX512 kernels 0.87-0.94x,
-under the margin). The step then multiplies q, k and v (and gate and up) one packed
+under the margin); MKL's packed GEMM then takes every row count. The step then multiplies q, k and v (and gate and up) one packed
 weight at a time, since a packed weight cannot be a view of a fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
 table, which lookups and the trainer need plain, so its blocked form is a second copy
 (113 MB for the default model), dropped at every pause of the engine (`release`), where
@@ -64,12 +64,14 @@ SUPPORTED = {"llama": False, "qwen2": True}
 # oneDNN: near the margin a choice could differ between two starts).
 _BLAS_ROW_CANDIDATES = (1, 2)
 _BLAS_MARGIN = 1.25
-# MKL's packed GEMM must be this much faster than oneDNN's blocked weights, timed at the
-# rows weights are packed for on the model's first `_PACKING_TIMED_LAYERS` layers, to be
-# picked: a margin over the timing's noise, so the choice holds between two starts.
-_MKL_MARGIN = 1.15
+# MKL's packed GEMM must be this much faster than oneDNN's blocked weights, timed at 8
+# and 32 rows on the model's first `_PACKING_TIMED_LAYERS` layers, to be picked: a margin
+# over the timing's noise, so the choice holds between two starts. On an Intel Xeon (2
+# cores) MKL took ~0.69x oneDNN's time with AVX2 kernels, ~0.9x with AVX512: the latter
+# stays with oneDNN.
+_MKL_MARGIN = 1.25
 _PACKING_TIMED_LAYERS = 2
-_PACKING_TIMED_ROWS = 32
+_PACKING_TIMED_ROWS = (8, 32)
 # Decode steps of at least `_HEAD_WIDE_ROWS` rows after which a packed copy's LM head is
 # blocked: by then those steps would have saved what blocking costs (~40 ms against ~2-3
 # ms a step), so a run that stops right after pays at most twice what it had to.
@@ -287,9 +289,10 @@ def _matmul_attention(
 def packs(model: Any) -> Packing | None:
     """How the sampling copy `model` should hold its linear layers packed ahead
     (`packed.py`), or None: a float32 model on a CPU of an architecture the lean step
-    reproduces, where the lean step would multiply every row count through oneDNN. Packed
-    for MKL's packed GEMM where `ART_DECODE_GEMM=mkl` names it, or unless a library is
-    named, where it times clearly faster than oneDNN on the model's first layers."""
+    reproduces. Packed for MKL's packed GEMM where `ART_DECODE_GEMM=mkl` names it, or,
+    unless a library is named, where it times clearly faster than oneDNN on the model's
+    first layers; else blocked for oneDNN where the lean step would multiply every row
+    count through oneDNN (not where torch's BLAS takes the fewest rows)."""
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return None
     if not _reproduces(model) or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
@@ -303,18 +306,24 @@ def packs(model: Any) -> Packing | None:
     kernels = models.cpu_kernels()
     if kernels.decode_gemm == "mkl":
         return "mkl"
+    if kernels.decode_gemm != "onednn":
+        return None
+    # Timed first: MKL's packed GEMM serves every row count, the fewest included (where
+    # torch's BLAS, MKL unpacked, may beat oneDNN), so where it wins no split is needed.
+    unnamed = not kernels.decode_gemm_named
+    if unnamed and models.mkl_packed_linear_available() and _faster_packing(model) == "mkl":
+        return "mkl"
     weights = [p.weight for p in projections] + [model.get_output_embeddings().weight]
     if linear_for(torch.float32, weights) is not _onednn_linear:
         return None
-    if kernels.decode_gemm_named or not models.mkl_packed_linear_available():
-        return "onednn"
-    return _faster_packing(model)
+    return "onednn"
 
 
 def _faster_packing(model: Any) -> Packing:
-    """ "mkl" where MKL's packed GEMM multiplies the first layers' weights (as `packed.pack`
-    groups them) `_MKL_MARGIN` times as fast as oneDNN's blocked weights, else "onednn".
-    Each its best of three passes; ~0.1 s for the default model."""
+    """MKL's packing where its packed GEMM multiplies the first layers' weights (as
+    `packed.pack` groups them) `_MKL_MARGIN` times as fast as oneDNN's blocked weights,
+    else oneDNN's. Each its best of three passes at each row count; ~0.1 s for the
+    default model."""
     weights: list[torch.Tensor] = []
     for layer in model.get_decoder().layers[:_PACKING_TIMED_LAYERS]:
         attention, mlp = layer.self_attn, layer.mlp
@@ -323,9 +332,9 @@ def _faster_packing(model: Any) -> Packing:
         weights += [attention.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])]
         weights.append(mlp.down_proj.weight)
 
-    def best_seconds(packing: Packing) -> float:
+    def best_seconds(packing: Packing, rows: int) -> float:
         packed = [block(weight, packing) for weight in weights]
-        inputs = {w.shape[1]: torch.randn(_PACKING_TIMED_ROWS, w.shape[1]) for w in weights}
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
         best = float("inf")
         with torch.no_grad():
             for attempt in range(4):  # the first warms the kernels and caches, untimed
@@ -336,14 +345,17 @@ def _faster_packing(model: Any) -> Packing:
                     best = min(best, time.perf_counter() - started)
         return best
 
-    onednn, mkl = best_seconds("onednn"), best_seconds("mkl")
+    onednn = sum(best_seconds("onednn", rows) for rows in _PACKING_TIMED_ROWS)
+    mkl = sum(best_seconds("mkl", rows) for rows in _PACKING_TIMED_ROWS)
+
     chosen: Packing = "mkl" if mkl * _MKL_MARGIN < onednn else "onednn"
     logger.info(
-        "float32 decode steps: weights packed for %s (MKL %.1f ms, oneDNN %.1f ms on %d layers)",
-        chosen,
+        "float32 decode steps: MKL's packed GEMM %.1f ms, oneDNN %.1f ms on %d layers at "
+        "8 and 32 rows: %s",
         mkl * 1e3,
         onednn * 1e3,
         _PACKING_TIMED_LAYERS,
+        "the copy packed for MKL" if chosen == "mkl" else "oneDNN kept",
     )
     return chosen
 
