@@ -456,6 +456,11 @@ def _merged_copy(served: Any, spec: EngineSpec) -> MergedCopy | None:
     packing = packs(plain)
     if packing is not None:
         pack(plain, packing)
+    if device.type == "cpu":
+        # The plain weights `pack` replaced, and the load's temporaries, are free but still
+        # resident in the torch thread's glibc arena: the default model's packed copy held
+        # 0.4-0.6 GB more after `register` without this (benchmarks/RESULTS.md).
+        return_free_heap()
     return MergedCopy(served, plain)
 
 
