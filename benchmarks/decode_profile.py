@@ -129,18 +129,14 @@ def step_matmul_floor(
     return rows * repeats / elapsed
 
 
-def engine_packing(base_model: str) -> packed.Packing | None:
-    """How the engine's sampling copy packs its layers here (`lean_decode.packs`), or None."""
+def engine_gemm(base_model: str) -> tuple[Any, packed.Packing | None]:
+    """The linear the engine's decode steps multiply with here (`LeanDecoder` picks it on
+    the model's own weights: in float32, oneDNN or BLAS by row count; see lean_decode.py),
+    and how its sampling copy packs its layers (`lean_decode.packs`), or None."""
     model, _ = models.load(models.resolve(base_model), "auto")
-    return lean_decode.packs(model)
-
-
-def engine_linear(base_model: str) -> Any:
-    """The linear the engine's decode steps multiply with here: `LeanDecoder` picks it on
-    the model's own weights (in float32, oneDNN or BLAS by row count; see lean_decode.py)."""
-    model, _ = models.load(models.resolve(base_model), "auto")
+    packing = lean_decode.packs(model)
     decoder = lean_decode.LeanDecoder.of(model)
-    return decoder.linear if decoder is not None else F.linear
+    return (decoder.linear if decoder is not None else F.linear), packing
 
 
 async def measure(args: Any, seconds: float, profile: bool) -> tuple[float, Any]:
@@ -210,8 +206,7 @@ def main() -> None:
     plain, _ = asyncio.run(measure(args, args.seconds, profile=False))
     profiled, (prof, wall) = asyncio.run(measure(args, args.seconds, profile=True))
     # The floor multiplies as the engine's decode steps do; torch's BLAS is shown beside it.
-    linear = engine_linear(args.base_model)
-    packing = engine_packing(args.base_model)
+    linear, packing = engine_gemm(args.base_model)
     gemm = lean_decode.gemm_name(linear)
     if packing is not None:
         gemm = f"{packing}, on weights packed ahead"

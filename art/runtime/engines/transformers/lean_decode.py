@@ -21,9 +21,10 @@ Where every row count goes to oneDNN (`packs`), the engine's copy holds its laye
 weights packed ahead (`packed.py`): blocked for oneDNN, or packed for MKL's packed GEMM
 where that times clearly faster on the model's first layers (on an Intel Xeon with AVX2
 kernels it took 0.69-0.77x oneDNN's time at 32 rows; with its AVX512 kernels 0.87-0.94x,
-under the margin); MKL's packed GEMM then takes every row count. The step then multiplies q, k and v (and gate and up) one packed
-weight at a time, since a packed weight cannot be a view of a fused buffer. The LM head is blocked too, but only while decoding: it is the embedding
-table, which lookups and the trainer need plain, so its blocked form is a second copy
+under the margin); MKL's packed GEMM then takes every row count. The step multiplies q,
+k and v (and gate and up) one packed weight at a time, since a packed weight cannot be a
+view of a fused buffer. The LM head is blocked too, but only while decoding: it is the
+embedding table, which lookups and the trainer need plain, so its blocked form is a second copy
 (113 MB for the default model), dropped at every pause of the engine (`release`), where
 training wants the memory and the weights may change. Blocking it takes ~40 ms and saves
 ~2-3 ms a step of 8 to 64 rows (AMD EPYC, AVX2), so it is made once the steps since the
