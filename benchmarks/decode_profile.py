@@ -60,6 +60,7 @@ GROUPS = (
             "aten::matmul",
             "aten::linear",
             "mkldnn::_linear_pointwise",
+            "mkl::_mkl_linear",  # weights packed for MKL (packed.py)
         ),
     ),
     ("attention", ("scaled_dot_product", "aten::_softmax", "aten::softmax")),
