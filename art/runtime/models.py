@@ -240,7 +240,12 @@ _said: set[str] = set()
 
 
 def _say_once(kernels: CpuKernels) -> None:
-    line = kernels.describe()
+    say_once(kernels.describe())
+
+
+def say_once(line: str) -> None:
+    """Print `line` on stderr the first time this process says it: what the engine chose
+    at start-up on this CPU, where a user and a benchmark's log can see it."""
     if line not in _said:
         _said.add(line)
         print(line, file=sys.stderr, flush=True)

@@ -566,10 +566,27 @@ def test_the_engines_copy_is_packed_where_every_row_count_goes_to_onednn(
         assert mkl_layer.mlp.down_proj.blocked.packing == "mkl"
     # Unnamed: timed, and either packing (or none, where BLAS takes the fewest rows).
     monkeypatch.delenv("ART_DECODE_GEMM")
-    assert lean_decode.packs(copy.deepcopy(base).float()) in (None, *packed.PACKINGS)
+    timed = lean_decode.packs(copy.deepcopy(base).float())
+    assert timed in (None, *packed.PACKINGS)
+    assert lean_decode.packs(copy.deepcopy(base).float()) == timed  # once a process
     monkeypatch.setenv("ART_DECODE_GEMM", "onednn")
     assert not lean_decode.packs(copy.deepcopy(base).to(torch.bfloat16))
     assert not lean_decode.packs(tiny_causal_lm("gpt2"))
+
+
+@pytest.mark.skipif(not models.onednn_linear_available(), reason="this torch has no oneDNN linear")
+def test_a_packed_weight_refuses_to_be_copied() -> None:
+    """A packed weight cannot be copied (torch cannot copy oneDNN's opaque tensor; MKL's
+    layout follows its buffer's address): copying one, or a model holding one, is refused
+    by name rather than failing inside torch or multiplying wrongly."""
+    weight = torch.randn(24, 16)
+    packings = ["onednn"] + (["mkl"] if models.mkl_packed_linear_available() else [])
+    for packing in packings:
+        with pytest.raises(TypeError, match=f"packed for {packing} cannot be copied"):
+            copy.deepcopy(packed.block(weight, packing))
+    model = torch.nn.Sequential(packed.PackedLinear(torch.nn.Linear(16, 24)))
+    with pytest.raises(TypeError, match="copy the plain model and pack the copy"):
+        copy.deepcopy(model)
 
 
 def _engines_copy(served: Any, tokenizer: Any, dtype: str) -> MergedCopy:

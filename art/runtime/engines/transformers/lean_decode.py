@@ -40,7 +40,6 @@ else decodes through transformers. The tests hold it to transformers' own forwar
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,8 +53,6 @@ from ...decode_attention import grouped_attention
 from .kv_cache import GrowingLayer
 from .packed import PackedLinear, PackedWeight, Packing, block, packed_linear
 from .packed import onednn_linear as _onednn_linear
-
-logger = logging.getLogger("art.engine")
 
 # model_type -> whether its q/k/v projections carry a bias (Qwen2's do, Llama's do not).
 SUPPORTED = {"llama": False, "qwen2": True}
@@ -363,13 +360,10 @@ def _faster_packing(model: Any) -> Packing:
     del packed
     mkl, onednn = best["mkl"], best["onednn"]
     chosen: Packing = "mkl" if mkl * _MKL_MARGIN < onednn else "onednn"
-    logger.info(
-        "float32 decode steps: MKL's packed GEMM %.1f ms, oneDNN %.1f ms on %d layers at "
-        "8 and 32 rows: %s",
-        mkl * 1e3,
-        onednn * 1e3,
-        _PACKING_TIMED_LAYERS,
-        "the copy packed for MKL" if chosen == "mkl" else "oneDNN kept",
+    models.say_once(
+        f"art: float32 decode steps: MKL's packed GEMM {mkl * 1e3:.1f} ms, oneDNN "
+        f"{onednn * 1e3:.1f} ms on {len(weights) // 4} layers at 8 and 32 rows: "
+        + ("the sampling copy packed for MKL" if chosen == "mkl" else "oneDNN kept")
     )
     _faster_packings[key] = chosen
     return chosen
@@ -393,7 +387,9 @@ def linear_for(
     blas_rows = _rows_blas_wins(weights)
     if not blas_rows:
         return _onednn_linear
-    logger.info("float32 decode steps: torch's BLAS at up to %d rows, oneDNN above", blas_rows)
+    models.say_once(
+        f"art: float32 decode steps: torch's BLAS at up to {blas_rows} rows, oneDNN above"
+    )
     return _RowSplitLinear(blas_rows)
 
 

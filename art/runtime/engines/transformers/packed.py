@@ -82,6 +82,15 @@ class PackedWeight:
             )
         self.tensor = self._pack(weight)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> PackedWeight:
+        # torch cannot copy oneDNN's opaque tensor ("Cannot access storage"), and a copied
+        # MKL buffer at another address would multiply wrongly (its layout follows the
+        # address's alignment); the plain weight is not kept to pack again.
+        raise TypeError(
+            f"a weight packed for {self.packing} cannot be copied; copy the plain model "
+            "and pack the copy (packed.pack) instead"
+        )
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`F.linear(x, weight, bias)` through the library this weight is packed for."""
         if self.packing == "mkl":
