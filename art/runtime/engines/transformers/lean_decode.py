@@ -11,24 +11,24 @@ transformers model (which still runs prefill) and this step share every weight, 
 merge into the copy (`merged.py`) updates both.
 
 In float32 the step's matmuls go to oneDNN rather than torch's BLAS where torch has it
-(`models.cpu_kernels().decode_gemm`): on an AMD EPYC oneDNN streamed the weights about
-twice as fast at a decode step's few rows (the LM head most of all, at every batch size
-measured). Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (MKL) was
-1.4-1.7x faster at 1 and 2 rows and oneDNN 1.1-1.2x faster from 8 to 32. So unless
-`ART_DECODE_GEMM` names one, the decoder times both on its own weights at start-up and
-gives the fewest rows to BLAS where BLAS is clearly faster there (`_RowSplitLinear`).
-Where every row count goes to oneDNN (`packs`), the engine's copy holds its layers'
-weights packed ahead (`packed.py`): blocked for oneDNN, or packed for MKL's packed GEMM
-where that times clearly faster on the model's first layers (on an Intel Xeon with AVX2
-kernels it took 0.65-0.72x oneDNN's time at 8 and 32 rows; with its AVX512 kernels
-0.85-0.93x, near the margin); MKL's packed GEMM then takes every row count. The step multiplies q,
-k and v (and gate and up) one packed weight at a time, since a packed weight cannot be a
-view of a fused buffer. The LM head is blocked too, but only while decoding: it is the
-embedding table, which lookups and the trainer need plain, so its blocked form is a second copy
-(113 MB for the default model), dropped at every pause of the engine (`release`), where
-training wants the memory and the weights may change. Blocking it takes ~40 ms and saves
-~2-3 ms a step of 8 to 64 rows (AMD EPYC, AVX2), so it is made once the steps since the
-pause have paid for it (`_HEAD_BLOCKED_AFTER`): a short or one-row run never pays it.
+(`models.cpu_kernels().decode_gemm`): on an AMD EPYC oneDNN streamed the weights about twice
+as fast at a decode step's few rows (the LM head most of all, at every batch size measured).
+Not on every CPU: on an Intel Xeon (AMX, AVX512-BF16) torch's BLAS (MKL) was 1.4-1.7x faster
+at 1 and 2 rows and oneDNN 1.1-1.2x faster from 8 to 32. So unless `ART_DECODE_GEMM` names
+one, the decoder times both on its own weights at start-up and gives the fewest rows to BLAS
+where BLAS is clearly faster there (`_RowSplitLinear`). Where every row count goes to oneDNN
+(`packs`), the engine's copy holds its layers' weights packed ahead (`packed.py`): blocked
+for oneDNN, or packed for MKL's packed GEMM where that times clearly faster on the model's
+first layers (on an Intel Xeon with AVX2 kernels it took 0.67-0.76x oneDNN's time at 8 and
+32 rows; with its AVX512 kernels 0.85-0.90x, near the margin); MKL's packed GEMM then takes
+every row count. The step multiplies q, k and v (and gate and up) one packed weight at a
+time, since a packed weight cannot be a view of a fused buffer. The LM head is blocked too,
+but only while decoding: it is the embedding table, which lookups and the trainer need
+plain, so its blocked form is a second copy (113 MB for the default model), dropped at every
+pause of the engine (`release`), where training wants the memory and the weights may change.
+Blocking it takes ~40 ms and saves ~2-3 ms a step of 8 to 64 rows (AMD EPYC, AVX2), so it is
+made once the steps since the pause have paid for it (`_HEAD_BLOCKED_AFTER`): a short or
+one-row run never pays it.
 
 On a GPU the same step's arithmetic (`forward`) runs over static buffers and is replayed
 from CUDA graphs (`decode_graphs.py`): there a step is bound by kernel launches, not ops.
@@ -68,7 +68,7 @@ _BLAS_MARGIN = 1.25
 # cache, where MKL's lead was smaller and noisier: 1.18-1.62x between starts against
 # 1.37x over whole steps), the two libraries' passes interleaved, so a busy spell weighs
 # on both. On an Intel Xeon (2 cores) MKL's lead over six layers read 1.39-1.55x with AVX2
-# kernels and 1.07-1.17x with AVX512 ones (where a closed loop ran ~6% faster with MKL:
+# kernels and 1.07-1.18x with AVX512 ones (where a closed loop ran ~6% faster with MKL:
 # either choice is near-equal there, so a flip costs little).
 _MKL_MARGIN = 1.1
 _PACKING_TIMED_LAYERS = 6
