@@ -80,14 +80,31 @@ async def rollout(
 # --8<-- [end:rollout]
 
 
-async def held_out_reward(
+async def held_out_rewards(
     model: art.TrainableModel, held_out: list[tuple[int, int]], label: str
-) -> float:
+) -> list[float]:
+    """Each held-out question's reward, answered greedily (logged as the run's val split)."""
     trajectories = await art.gather_trajectories(
         (rollout(model, q, greedy=True) for q in held_out), pbar_desc=f"held-out ({label})"
     )
     await model.log([art.TrajectoryGroup(trajectories)], split="val")
-    return sum(t.reward for t in trajectories) / len(trajectories)
+    return [t.reward for t in trajectories]
+
+
+async def held_out_reward(
+    model: art.TrainableModel, held_out: list[tuple[int, int]], label: str
+) -> float:
+    rewards = await held_out_rewards(model, held_out, label)
+    return sum(rewards) / len(rewards)
+
+
+def answers(rewards: list[float]) -> str:
+    """How many answers hold the correct sum, and how many are that number alone: the
+    reward pays the sum inside other text ("3 + 9 = 12") half, so a model that learned
+    the sums but still writes them out gains less reward than it learned."""
+    correct = sum(reward > 0 for reward in rewards)
+    bare = sum(reward == 1.0 for reward in rewards)
+    return f"{correct} of {len(rewards)} with the correct sum, {bare} of them the bare number"
 
 
 def plot(history_path: Path, start: int, before: float, after: float, target: Path) -> None:
@@ -148,8 +165,9 @@ async def main(
 
     held_out = questions(seed=1, count=held_out_count)
     train_questions = questions(seed=2, count=256)
-    before = await held_out_reward(model, held_out, "before")
-    print(f"held-out reward before training: {before:.2f}")
+    before_rewards = await held_out_rewards(model, held_out, "before")
+    before = sum(before_rewards) / len(before_rewards)
+    print(f"held-out reward before training: {before:.2f} ({answers(before_rewards)})")
 
     # --8<-- [start:loop]
     for step in range(start, steps):
@@ -165,7 +183,10 @@ async def main(
     # --8<-- [end:loop]
 
     # Greedy answers from unchanged weights are the same answers: no second evaluation.
-    after = await held_out_reward(model, held_out, "after") if steps > start else before
+    after_rewards = before_rewards
+    if steps > start:
+        after_rewards = await held_out_rewards(model, held_out, "after")
+    after = sum(after_rewards) / len(after_rewards)
     target = run_dir / "reward.png"
     plot(run_dir / "history.jsonl", start, before, after, target)
     await backend.close()
@@ -173,6 +194,7 @@ async def main(
         f"held-out reward: {before:.2f} before, {after:.2f} after training ({after - before:+.2f}); "
         f"{time.monotonic() - started:.0f}s in all. Plot: {target}"
     )
+    print(f"held-out answers after training: {answers(after_rewards)}")
 
 
 if __name__ == "__main__":

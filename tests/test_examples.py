@@ -37,8 +37,24 @@ def test_the_demo_trains_a_step_writes_its_plot_then_resumes_and_starts_over(
     tmp_path: Path,
 ) -> None:
     result = run_demo(tmp_path, "--steps", "1")
-    assert "held-out reward before training" in result.stdout
     assert "step 1: reward" in result.stdout
+    # Each held-out line counts the answers its reward came from: the correct sum pays 0.5
+    # inside other text, 1.0 alone.
+    lines = [
+        (r"held-out reward before training: ([\d.]+) ", "before"),
+        (r"held-out reward: [\d.]+ before, ([\d.]+) after training", "held-out answers after"),
+    ]
+    for reward_pattern, label in lines:
+        reward = re.search(reward_pattern, result.stdout)
+        counts = re.search(
+            label + r".*?(\d+) of 8 with the correct sum, (\d+) of them the bare number",
+            result.stdout,
+        )
+        assert reward is not None, result.stdout
+        assert counts is not None, result.stdout
+        correct, bare = int(counts[1]), int(counts[2])
+        assert 0 <= bare <= correct <= 8
+        assert float(reward[1]) == pytest.approx((bare + 0.5 * (correct - bare)) / 8, abs=0.006)
     run = tmp_path / "art-demo" / "models" / "arithmetic"
     assert (run / "reward.png").stat().st_size > 10_000
     adapter = run / "checkpoints" / "0001" / "adapter_model.safetensors"
