@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -94,8 +95,7 @@ async def held_out_rewards(
 async def held_out_reward(
     model: art.TrainableModel, held_out: list[tuple[int, int]], label: str
 ) -> float:
-    rewards = await held_out_rewards(model, held_out, label)
-    return sum(rewards) / len(rewards)
+    return statistics.fmean(await held_out_rewards(model, held_out, label))
 
 
 def answers(rewards: list[float]) -> str:
@@ -166,7 +166,7 @@ async def main(
     held_out = questions(seed=1, count=held_out_count)
     train_questions = questions(seed=2, count=256)
     before_rewards = await held_out_rewards(model, held_out, "before")
-    before = sum(before_rewards) / len(before_rewards)
+    before = statistics.fmean(before_rewards)
     print(f"held-out reward before training: {before:.2f} ({answers(before_rewards)})")
 
     # --8<-- [start:loop]
@@ -186,7 +186,7 @@ async def main(
     after_rewards = before_rewards
     if steps > start:
         after_rewards = await held_out_rewards(model, held_out, "after")
-    after = sum(after_rewards) / len(after_rewards)
+    after = statistics.fmean(after_rewards)
     target = run_dir / "reward.png"
     plot(run_dir / "history.jsonl", start, before, after, target)
     await backend.close()

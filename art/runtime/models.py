@@ -140,7 +140,7 @@ def torch_dtype(name: str) -> torch.dtype:
         if torch.cuda.is_available():
             return torch.bfloat16
         kernels = cpu_kernels()
-        _say_once(kernels)
+        say_once(kernels.describe())
         return torch.bfloat16 if kernels.native_bf16 else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
@@ -237,10 +237,6 @@ def mkl_packed_linear_available() -> bool:
 
 
 _said: set[str] = set()
-
-
-def _say_once(kernels: CpuKernels) -> None:
-    say_once(kernels.describe())
 
 
 def say_once(line: str) -> None:

@@ -331,16 +331,19 @@ def _faster_packing(model: Any) -> Packing:
     `packed.pack` groups them) `_MKL_MARGIN` times as fast as oneDNN's blocked weights,
     else oneDNN's. Each its best of `_PACKING_TIMED_PASSES` passes at each row count, the
     two libraries' passes taken in turn; ~0.5 s for the default model, once a process."""
+    layers = model.get_decoder().layers[:_PACKING_TIMED_LAYERS]
+    # Keyed before the weights are concatenated: a cached answer copies nothing.
+    shapes = tuple(tuple(p.shape) for layer in layers for p in layer.parameters())
+    key = (shapes, torch.backends.cpu.get_cpu_capability())
+    if key in _faster_packings:
+        return _faster_packings[key]
     weights: list[torch.Tensor] = []
-    for layer in model.get_decoder().layers[:_PACKING_TIMED_LAYERS]:
+    for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = [attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]
         weights.append(torch.cat(qkv))
         weights += [attention.o_proj.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])]
         weights.append(mlp.down_proj.weight)
-    key = (tuple(tuple(w.shape) for w in weights), torch.backends.cpu.get_cpu_capability())
-    if key in _faster_packings:
-        return _faster_packings[key]
     packings: tuple[Packing, Packing] = ("onednn", "mkl")
     packed = {packing: [block(weight, packing) for weight in weights] for packing in packings}
     best = dict.fromkeys(packings, 0.0)
@@ -362,7 +365,7 @@ def _faster_packing(model: Any) -> Packing:
     chosen: Packing = "mkl" if mkl * _MKL_MARGIN < onednn else "onednn"
     models.say_once(
         f"art: float32 decode steps: MKL's packed GEMM {mkl * 1e3:.1f} ms, oneDNN "
-        f"{onednn * 1e3:.1f} ms on {len(weights) // 4} layers at 8 and 32 rows: "
+        f"{onednn * 1e3:.1f} ms on {len(layers)} layers at 8 and 32 rows: "
         + ("the sampling copy packed for MKL" if chosen == "mkl" else "oneDNN kept")
     )
     _faster_packings[key] = chosen
