@@ -44,12 +44,13 @@ import json
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..backends.local import LocalBackend
 from ..core.data import dev
@@ -102,6 +103,29 @@ class _CurrentService:
         return service.longest_context() if (service := self._service()) is not None else 0
 
 
+class _RequireKey:
+    """ASGI middleware: the ART routes answer 401 without `Authorization: Bearer KEY`;
+    the health checks are open and the OpenAI routes (/v1) check the key themselves
+    (`build_app`). Plain ASGI, not `@app.middleware("http")`, whose task group per
+    request and per `receive` every /v1 request would pay (see `RequireApiKey`)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in ("/healthcheck", "/health") or path.startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        header = Request(scope).headers.get("authorization", "")
+        if not hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), self.api_key):
+            error = ApiError(401, "missing or wrong API key", param="Authorization")
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def build_run_app(
     path: str,
     api_key: str | None,
@@ -123,17 +147,8 @@ def build_run_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     add_error_handlers(app)
 
-    @app.middleware("http")
-    async def _require_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        # The OpenAI routes (/v1) check the key themselves (`build_app`).
-        if api_key is None or request.url.path in ("/healthcheck", "/health"):
-            return await call_next(request)
-        if request.url.path.startswith("/v1"):
-            return await call_next(request)
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
-            return ApiError(401, "missing or wrong API key", param="Authorization").response()
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(_RequireKey, api_key=api_key)
 
     @app.get("/healthcheck")
     async def healthcheck() -> dict[str, str]:

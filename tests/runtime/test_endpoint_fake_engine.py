@@ -210,3 +210,21 @@ async def test_a_continuation_that_cannot_be_is_a_400_naming_it(
     assert error["param"] == "continue_final_message"
     assert says in error["message"]
     assert engine.requests == []
+
+
+async def test_with_a_key_the_v1_routes_need_it_in_either_header_and_health_does_not(
+    engine: FakeEngine,
+) -> None:
+    app = build_app(FixedRoutes({"base": route(engine)}, CONTEXT), api_key="sesame")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://fake") as client:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
+            answer = await client.post("/v1/chat/completions", json=ask("base"), headers=headers)
+            assert answer.status_code == 401, headers
+            assert answer.json()["error"]["code"] == "invalid_api_key"
+        assert engine.requests == []  # refused before the body was read
+        assert (await client.get("/v1/models")).status_code == 401
+        for headers in ({"authorization": "Bearer sesame"}, {"x-api-key": "sesame"}):
+            answer = await client.post("/v1/chat/completions", json=ask("base"), headers=headers)
+            assert answer.status_code == 200, answer.text
+        assert (await client.get("/health")).json() == {"status": "ok"}
