@@ -435,10 +435,22 @@ def _bf16_linear(
     return torch.mv(weight, x[0]).unsqueeze(0)
 
 
+# The BLAS split by the timed weights' shapes and dtypes and this process's kernels: one
+# timing a process, as `_faster_packings` (two timings in one process once disagreed near
+# the margin, so a second copy of the same model was packed where the first was not).
+_blas_rows: dict[tuple[Any, ...], int] = {}
+
+
 def _rows_blas_wins(weights: Sequence[torch.Tensor]) -> int:
     """The most rows up to which torch's BLAS multiplies `weights` at least `_BLAS_MARGIN`
     times as fast as oneDNN at every candidate row count (0: at none). Each library's best
-    of three passes over the weights; ~0.2 s for the default model."""
+    of three passes over the weights; ~0.2 s for the default model, once a process."""
+    key = (
+        tuple((tuple(w.shape), w.dtype) for w in weights),
+        torch.backends.cpu.get_cpu_capability(),
+    )
+    if key in _blas_rows:
+        return _blas_rows[key]
 
     def best_seconds(linear: Callable[..., torch.Tensor], rows: int) -> float:
         inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
@@ -457,6 +469,7 @@ def _rows_blas_wins(weights: Sequence[torch.Tensor]) -> int:
         if best_seconds(_onednn_linear, rows) < _BLAS_MARGIN * best_seconds(F.linear, rows):
             break
         chosen = rows
+    _blas_rows[key] = chosen
     return chosen
 
 
