@@ -10,6 +10,7 @@ grammar or callback fails its own request, never a neighbour's.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,19 @@ class Request:
     future: concurrent.futures.Future[list[Sample]]
     samples: list[Sample] = field(default_factory=list)
     unfinished: int = 0
+    # Set once the future is done. `ended` is read for every row at every decode step, and
+    # `Future.done()` takes the future's lock each time: ~0.4 us a call here, ~0.2 ms a
+    # step at 256 rows, where a GPU step's whole host work is about a millisecond.
+    _done: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        done = self._done  # not `self`: the future then holds no reference to the request
+        self.future.add_done_callback(lambda _: done.set())
 
     @property
     def ended(self) -> bool:
         """Answered, failed, or abandoned by its caller (a cancelled future)."""
-        return self.future.done()
+        return self._done.is_set()
 
     def fail(self, error: BaseException) -> None:
         settle(self.future, error=error)
