@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+from helpers import metaspace_tokenizer
 from transformers import AutoTokenizer
 
 from art.runtime import models
@@ -58,37 +59,11 @@ class CountingDecodes:
 TEXT = "Grüße aus Zürich 🍕 nach 東京, then a long tail of words. " * 6
 
 
-def metaspace_tokenizer() -> Any:
-    """A SentencePiece-style BPE (Llama 2, Mistral): spaces as "▁", bytes as tokens where no
-    piece covers them, the first space stripped when decoding. Trained here on `TEXT`."""
-    from tokenizers import Tokenizer, decoders, normalizers, trainers
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(BPE(byte_fallback=True, unk_token="<unk>"))
-    backend.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-    )
-    backend.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
-    special = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256))]
-    backend.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=special))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-
-
 @pytest.fixture(scope="module", params=["byte-level BPE", "metaspace with byte fallback"])
 def tokenizer(request: pytest.FixtureRequest) -> Any:
     if request.param == "byte-level BPE":  # the default model's (GPT-2's kind)
         return AutoTokenizer.from_pretrained(models.default_model_dir())
-    return metaspace_tokenizer()
+    return metaspace_tokenizer(TEXT)
 
 
 def stopped_at(tokenizer: Any, ids: list[int], stop: tuple[str, ...]) -> tuple[int, Sample]:

@@ -2,8 +2,8 @@
 grows, and the server-sent-events response that carries a stream.
 
 An engine reports each sampled token from its own thread (`on_token`); `TextFeed` carries
-them to the event loop and decodes each row's ids so far, so a stream sends text as it is
-sampled, never half a character.
+them to the event loop and reads each token's text once (`TokenText`), so a stream sends
+text as it is sampled, never half a character.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..engines.base import Sample
+from ..engines.token_text import TokenText
 from .response import Job, Route
 
 logger = logging.getLogger("art.endpoint")
@@ -57,8 +58,7 @@ class TextFeed:
     def __init__(self, tokenizer: Any, rows: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-        self._tokenizer = tokenizer
-        self._ids: list[list[int]] = [[] for _ in range(rows)]
+        self._texts = [TokenText(tokenizer) for _ in range(rows)]
         self.sent = [""] * rows
 
     def generate(
@@ -92,13 +92,9 @@ class TextFeed:
                     getter.cancel()
                     continue
                 row, token_id = getter.result()
-                self._ids[row].append(token_id)
-                text = self._tokenizer.decode(self._ids[row], skip_special_tokens=True)
-                if text.endswith("\ufffd"):
-                    continue  # half of a multi-byte character: wait for the rest
-                delta = text[len(self.sent[row]) :]
+                delta = self._texts[row].add(token_id)
                 if delta:
-                    self.sent[row] = text
+                    self.sent[row] += delta
                     yield row, delta
         finally:  # the client may have gone
             if getter is not None:

@@ -3,6 +3,7 @@
 - `base.py`: the `Engine` protocol, everything the model service and the Ray replica
   may call, the values it takes and returns, and `EngineSpec`, what one needs to start.
 - `structured.py`: grammars (JSON schemas, tool calls) that constrain sampling.
+- `token_text.py`: a sampled sequence's text as its tokens arrive (stop strings, streams).
 - `config_support.py`: what every engine (with the trainer) honours of an
   `InternalModelConfig`, refused by field name otherwise; each engine checks its own
   fields in its `config.py`.

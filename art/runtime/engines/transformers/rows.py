@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
 from ..base import OnToken, Sample, SamplingParams, text_until_stop
 from ..structured import Grammars
+from ..token_text import TokenText
 
 
 @dataclass
@@ -73,41 +72,32 @@ class Row:
 class StopScan:
     """Finds the first of a row's stop strings as its text grows, one token at a time.
 
-    Each token's text is read once (`tokenizers`' `DecodeStream`, which holds back bytes of
-    a character not yet complete) and only the new text, with the tail a stop string could
-    start in, is searched: decoding the whole completion at every step instead costs time
-    that grows with its length (81 us at 512 tokens of the default model's tokenizer, a
-    step's worth at 256 rows on a GPU). Where the stream's text can differ from
-    `tokenizer.decode`'s (a tokenizer without a Rust backend, or one that cleans up spaces
-    after decoding) or an empty stop string is given, every step decodes the whole
-    completion, as before.
+    Each token's text is read once (`TokenText`) and only the new text, with the tail a
+    stop string could start in, is searched; the text answered is `tokenizer.decode`'s,
+    cut where the stop string starts. Where `TokenText` decodes the whole ids anyway (see
+    there), or a stop string is empty, the whole text is searched every step, as before.
     """
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        cleans = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        text = TokenText(tokenizer)
         # An empty stop string is found in any text, the empty text of a special token too.
-        self._stream: tuple[DecodeStream, Tokenizer] | None = None
-        if backend is not None and not cleans and all(stop):
-            self._stream = DecodeStream(skip_special_tokens=True), backend
+        self._text = text if text.streams and all(stop) else None
         self._keep = max(len(s) for s in stop) - 1  # where a stop string may start before new text
         self._tail = ""
 
     def until_stop(self, token_ids: list[int]) -> str | None:
         """The text of `token_ids` (the last one new since the previous call) cut before its
         first stop string; None while it holds none."""
-        if self._stream is not None:
-            stream, backend = self._stream
-            new = stream.step(backend, token_ids[-1])
-            if new is None:  # part of a character, or a special token
+        if self._text is not None:
+            new = self._text.add(token_ids[-1])
+            if not new:  # part of a character, or a special token
                 return None
             window = self._tail + new
             self._tail = window[-self._keep :] if self._keep > 0 else ""
             if not any(s in window for s in self.stop):
                 return None
-        # The text answered is `tokenizer.decode`'s, cut where the stop string starts.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return text_until_stop(text, self.stop)
 

@@ -1,0 +1,54 @@
+"""A sampled sequence's text as its tokens arrive, each token's text read once.
+
+Decoding a sequence's ids whole after every token costs time that grows with its length
+(the default model's tokenizer: 5.7 us at 16 tokens, 81 us at 512, 158 us at 1,024), so a
+decode loop or a stream that does so per token spends O(n^2) on a long completion: 256
+rows at 512 tokens is ~21 ms a step, three times the H200's whole decode step at 256 rows
+of a 1B model (6.7 ms, `benchmarks/RESULTS.md`). `tokenizers`' `DecodeStream` gives each
+token's new text in ~0.7 us, holding back the bytes of a character not yet complete; its
+text is `tokenizer.decode`'s. Where it could differ (a tokenizer without a Rust backend,
+or one whose decode cleans up spaces afterwards), the whole ids are decoded each time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+class TokenText:
+    """The text of one sampled sequence, grown one token at a time (special tokens
+    skipped, as `tokenizer.decode(ids, skip_special_tokens=True)` gives it)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        cleans = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._stream: tuple[DecodeStream, Tokenizer] | None = None
+        if backend is not None and not cleans:
+            self._stream = DecodeStream(skip_special_tokens=True), backend
+        self._ids: list[int] = []  # only where the whole ids are decoded
+        self._decoded = ""
+
+    @property
+    def streams(self) -> bool:
+        """Whether each token's text is read once (else the whole ids are decoded)."""
+        return self._stream is not None
+
+    def add(self, token_id: int) -> str:
+        """The text `token_id` adds: "" while it is part of a character not yet complete
+        (that text comes with the token that completes it) or a special token."""
+        if self._stream is not None:
+            stream, backend = self._stream
+            return stream.step(backend, token_id) or ""
+        self._ids.append(token_id)
+        text: str = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""  # half of a multi-byte character: wait for the rest
+        new, self._decoded = text[len(self._decoded) :], text
+        return new
+
+
+__all__ = ["TokenText"]
