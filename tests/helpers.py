@@ -232,6 +232,23 @@ def live_rss_bytes() -> int:
     return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
 
 
+# The two kinds of fast tokenizer a decode loop meets, for tests of text grown a token at
+# a time: `tokenizer_of_kind(kind, text)`.
+TOKENIZER_KINDS = ["byte-level BPE", "metaspace with byte fallback"]
+
+
+def tokenizer_of_kind(kind: str, text: str) -> Any:
+    """The default model's tokenizer (byte-level BPE, GPT-2's kind), or a SentencePiece-style
+    one trained on `text` (`metaspace_tokenizer`)."""
+    if kind == "byte-level BPE":
+        from transformers import AutoTokenizer
+
+        from art.runtime import models
+
+        return AutoTokenizer.from_pretrained(models.default_model_dir())
+    return metaspace_tokenizer(text)
+
+
 def metaspace_tokenizer(text: str) -> Any:
     """A SentencePiece-style BPE (Llama 2, Mistral): spaces as "▁", bytes as tokens where no
     piece covers them, the first space stripped when decoding. Trained on `text`, in milliseconds."""

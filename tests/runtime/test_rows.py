@@ -8,10 +8,8 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import metaspace_tokenizer
-from transformers import AutoTokenizer
+from helpers import TOKENIZER_KINDS, tokenizer_of_kind
 
-from art.runtime import models
 from art.runtime.engines.base import Sample, SamplingParams
 from art.runtime.engines.structured import Grammars
 from art.runtime.engines.transformers.rows import Request, RowStepper, new_rows, settle
@@ -59,11 +57,9 @@ class CountingDecodes:
 TEXT = "Grüße aus Zürich 🍕 nach 東京, then a long tail of words. " * 6
 
 
-@pytest.fixture(scope="module", params=["byte-level BPE", "metaspace with byte fallback"])
+@pytest.fixture(scope="module", params=TOKENIZER_KINDS)
 def tokenizer(request: pytest.FixtureRequest) -> Any:
-    if request.param == "byte-level BPE":  # the default model's (GPT-2's kind)
-        return AutoTokenizer.from_pretrained(models.default_model_dir())
-    return metaspace_tokenizer(TEXT)
+    return tokenizer_of_kind(request.param, TEXT)
 
 
 def stopped_at(tokenizer: Any, ids: list[int], stop: tuple[str, ...]) -> tuple[int, Sample]:

@@ -8,21 +8,17 @@ import random
 from typing import Any
 
 import pytest
-from helpers import metaspace_tokenizer
-from transformers import AutoTokenizer
+from helpers import TOKENIZER_KINDS, tokenizer_of_kind
 
-from art.runtime import models
 from art.runtime.engines.token_text import TokenText
 
 # Multi-byte characters split across tokens.
 TEXT = "Grüße aus Zürich 🍕 nach 東京, then a long tail of words. " * 4
 
 
-@pytest.fixture(scope="module", params=["byte-level BPE", "metaspace with byte fallback"])
+@pytest.fixture(scope="module", params=TOKENIZER_KINDS)
 def tokenizer(request: pytest.FixtureRequest) -> Any:
-    if request.param == "byte-level BPE":  # the default model's (GPT-2's kind)
-        return AutoTokenizer.from_pretrained(models.default_model_dir())
-    return metaspace_tokenizer(TEXT)
+    return tokenizer_of_kind(request.param, TEXT)
 
 
 def grown(tokenizer: Any, ids: list[int]) -> tuple[list[str], TokenText]:
