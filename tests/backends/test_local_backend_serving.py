@@ -190,6 +190,49 @@ async def test_streaming_sends_the_text_as_it_is_sampled(served: art.TrainableMo
     assert usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
 
 
+async def test_a_stream_with_stop_strings_sends_text_as_it_comes_and_nothing_past_the_stop(
+    served: art.TrainableModel,
+) -> None:
+    """A stop string taken from the middle of the greedy answer: the stream (chat and
+    completions) sends the text before it in several deltas, as sampled, and they join
+    to the answer a request that does not stream gets; nothing of the stop string or
+    after it is sent."""
+    client = served.openai_client()
+    messages = ask("Count from 1 to 30, separated by commas.")
+    whole = await client.chat.completions.create(
+        model=served.name, messages=messages, max_tokens=48, temperature=0
+    )
+    text = whole.choices[0].message.content or ""
+    stop = text[len(text) // 2 : len(text) // 2 + 6]
+    assert text.find(stop) >= 8, text  # the answer before it has several tokens
+    asked = {"model": served.name, "max_tokens": 48, "temperature": 0, "stop": [stop]}
+    stopped = await client.chat.completions.create(messages=messages, **asked)
+    answer = stopped.choices[0].message.content or ""
+    assert answer == text[: text.find(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+    stream = await client.chat.completions.create(messages=messages, stream=True, **asked)
+    deltas = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert len([d for d in deltas if d]) > 2  # as sampled, not whole at the end
+    assert "".join(deltas) == answer
+
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10"
+    plain = await client.completions.create(prompt=prompt, **{**asked, "stop": None})
+    text = plain.choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 6]
+    assert text.find(stop) >= 8, text
+    asked["stop"] = [stop]
+    cut = (await client.completions.create(prompt=prompt, **asked)).choices[0].text
+    pieces = [
+        c.choices[0].text
+        async for c in await client.completions.create(prompt=prompt, stream=True, **asked)
+        if c.choices
+    ]
+    assert len([p for p in pieces if p]) > 2
+    assert "".join(pieces) == cut
+    assert cut == text[: text.find(stop)]
+
+
 async def test_bad_requests_get_a_4xx_naming_the_problem_and_the_server_keeps_serving(
     served: art.TrainableModel,
 ) -> None:

@@ -250,6 +250,23 @@ async def test_a_stream_sends_anthropic_events_and_the_ids_on_message_delta(
     assert served.releases == 1
 
 
+async def test_a_stream_with_stop_sequences_sends_text_as_it_is_sampled(
+    served: Served,
+) -> None:
+    """All but the tail a stop sequence could begin in goes out as sampled (the fake engine
+    applies no stop sequence: the real one's cut is tests/backends/
+    test_local_backend_serving.py's); the rest comes with the end."""
+    client = served.async_client()
+    async with client.messages.stream(**ask(stop_sequences=["zzz"])) as stream:
+        events = [event async for event in stream]
+    texts = [
+        e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    ]  # fmt: skip
+    assert len(texts) >= 2
+    assert "".join(texts) == "hello there"
+    assert served.engine.requests[-1].params.stop == ("zzz",)
+
+
 def test_the_raw_stream_names_each_event(served: Served) -> None:
     with httpx.stream(
         "POST", f"{served.url}/v1/messages", json=ask(stream=True), headers=HEADERS

@@ -16,10 +16,11 @@ from .streaming import TextFeed, failed_chunk
 async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIterator[str]:
     """Server-sent events: text deltas as tokens are sampled, then the finished choices.
 
-    Text with tools or stop strings is sent whole at the end, once it is known whether it
-    holds a tool call or a stop string.
+    Text with tools is sent whole at the end, once it is known whether it holds a tool
+    call; with stop strings, as it is sampled but for a tail that could begin one
+    (`TextFeed`).
     """
-    incremental = not job.parse_tools and not job.params.stop and not job.prefill
+    incremental = not job.parse_tools and not job.prefill
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(choices: list[dict[str, Any]], counts: dict[str, int] | None = None) -> str:
@@ -34,7 +35,7 @@ async def stream(body: ChatCompletionRequest, route: Route, job: Job) -> AsyncIt
             data["usage"] = counts
         return f"data: {json.dumps(data)}\n\n"
 
-    feed = TextFeed(route.tokenizer, body.n)
+    feed = TextFeed(route.tokenizer, body.n, job.params.stop)
     generation = feed.generate(route, job, body.n, fed=incremental)
     try:
         for index in range(body.n):

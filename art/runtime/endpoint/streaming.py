@@ -52,13 +52,21 @@ def named_event(name: str, data: dict[str, Any]) -> str:
 class TextFeed:
     """The text of `rows` sampled sequences as it grows, read on the event loop.
 
-    `sent[row]` is the text of `row` already handed out by `deltas`.
+    `sent[row]` is the text of `row` already handed out by `deltas`. With `stop` strings,
+    the last `len(longest stop) - 1` characters are held back until more text shows they
+    do not begin a stop string, and nothing from a stop string on is handed out: a stop
+    string that began before the held-back tail would already be whole in the text, so
+    `sent` is always a prefix of the answer (the text cut before its first stop string).
     """
 
-    def __init__(self, tokenizer: Any, rows: int) -> None:
+    def __init__(self, tokenizer: Any, rows: int, stop: tuple[str, ...] = ()) -> None:
         self._loop = asyncio.get_running_loop()
         self._tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._texts = [TokenText(tokenizer) for _ in range(rows)]
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self._held = [""] * rows  # text received and not yet handed out
+        self._stopped = [False] * rows  # a stop string was seen: nothing more to hand out
         self.sent = [""] * rows
 
     def generate(
@@ -92,13 +100,28 @@ class TextFeed:
                     getter.cancel()
                     continue
                 row, token_id = getter.result()
-                delta = self._texts[row].add(token_id)
+                delta = self._releasable(row, self._texts[row].add(token_id))
                 if delta:
                     self.sent[row] += delta
                     yield row, delta
         finally:  # the client may have gone
             if getter is not None:
                 getter.cancel()
+
+    def _releasable(self, row: int, new: str) -> str:
+        """The text `row` may hand out now that `new` arrived (see the class)."""
+        if not self._stop:
+            return new
+        if self._stopped[row]:
+            return ""
+        held = self._held[row] + new
+        found = [held.find(s) for s in self._stop if s in held]
+        if found:
+            self._stopped[row], self._held[row] = True, ""
+            return held[: min(found)]
+        cut = max(len(held) - self._hold, 0)
+        self._held[row] = held[cut:]
+        return held[:cut]
 
 
 __all__ = ["TextFeed", "event_stream", "failed_chunk", "named_event"]

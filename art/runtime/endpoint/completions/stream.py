@@ -22,10 +22,11 @@ async def stream(
     """Server-sent `text_completion` chunks: text as tokens are sampled, then each choice's
     last chunk with its finish reason and token ids, then `[DONE]`.
 
-    With stop strings or logprobs the text is sent whole in the last chunk, once it is
-    known where a stop string cuts it and which logprobs go with it.
+    With logprobs the text is sent whole in the last chunk, with the logprobs that go with
+    it; with stop strings, as it is sampled but for a tail that could begin one
+    (`TextFeed`).
     """
-    incremental = not body.stop and body.logprobs is None
+    incremental = body.logprobs is None
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     with_usage = body.stream_options is not None and body.stream_options.include_usage
     n, total = body.n, len(prompts) * body.n
@@ -42,7 +43,7 @@ async def stream(
             data["usage"] = counts  # null but in the last chunk, as OpenAI sends it
         return f"data: {json.dumps(data)}\n\n"
 
-    feed = TextFeed(route.tokenizer, total)
+    feed = TextFeed(route.tokenizer, total, prompts[0].job.params.stop if prompts else ())
     tasks = [
         feed.generate(route, prompt.job, n, first_row=p * n, fed=incremental)
         for p, prompt in enumerate(prompts)

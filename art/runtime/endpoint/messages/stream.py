@@ -24,11 +24,12 @@ async def stream(
 ) -> AsyncIterator[str]:
     """Anthropic's server-sent events: text as it is sampled, then the finished blocks.
 
-    Text with tools, stop sequences or a forced call is sent whole at the end, once it is
-    known whether it holds a tool call or a stop sequence.
+    Text with tools or a forced call is sent whole at the end, once it is known whether it
+    holds a tool call; with stop sequences, as it is sampled but for a tail that could
+    begin one (`TextFeed`).
     """
-    incremental = not job.parse_tools and not job.params.stop and not job.prefill
-    feed = TextFeed(route.tokenizer, 1)
+    incremental = not job.parse_tools and not job.prefill
+    feed = TextFeed(route.tokenizer, 1, job.params.stop)
     generation = feed.generate(route, job, fed=incremental)
     try:
         start: dict[str, Any] = {

@@ -30,8 +30,8 @@ async def stream(
     def event(kind: str, **fields: Any) -> str:
         return named_event(kind, {"type": kind, "sequence_number": next(sequence), **fields})
 
-    incremental = not job.parse_tools and not job.prefill and not job.params.stop
-    feed = TextFeed(route.tokenizer, 1)
+    incremental = not job.parse_tools and not job.prefill
+    feed = TextFeed(route.tokenizer, 1, job.params.stop)
     generation = feed.generate(route, job, fed=incremental)
     try:
         yield event("response.created", response=answer.envelope("in_progress"))
