@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..engines.base import Sample
-from ..engines.token_text import TokenText
+from ..engines.token_text import StopWatch, TokenText
 from .response import Job, Route
 
 logger = logging.getLogger("art.endpoint")
@@ -53,20 +53,16 @@ class TextFeed:
     """The text of `rows` sampled sequences as it grows, read on the event loop.
 
     `sent[row]` is the text of `row` already handed out by `deltas`. With `stop` strings,
-    the last `len(longest stop) - 1` characters are held back until more text shows they
-    do not begin a stop string, and nothing from a stop string on is handed out: a stop
-    string that began before the held-back tail would already be whole in the text, so
-    `sent` is always a prefix of the answer (the text cut before its first stop string).
+    the tail that could begin one is held back and nothing from a stop string on is handed
+    out (`StopWatch`), so `sent` is always a prefix of the answer (the text cut before its
+    first stop string).
     """
 
     def __init__(self, tokenizer: Any, rows: int, stop: tuple[str, ...] = ()) -> None:
         self._loop = asyncio.get_running_loop()
         self._tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._texts = [TokenText(tokenizer) for _ in range(rows)]
-        self._stop = stop
-        self._hold = max((len(s) for s in stop), default=1) - 1
-        self._held = [""] * rows  # text received and not yet handed out
-        self._stopped = [False] * rows  # a stop string was seen: nothing more to hand out
+        self._watches = [StopWatch(stop) for _ in range(rows)] if stop else None
         self.sent = [""] * rows
 
     def generate(
@@ -110,18 +106,7 @@ class TextFeed:
 
     def _releasable(self, row: int, new: str) -> str:
         """The text `row` may hand out now that `new` arrived (see the class)."""
-        if not self._stop:
-            return new
-        if self._stopped[row]:
-            return ""
-        held = self._held[row] + new
-        found = [held.find(s) for s in self._stop if s in held]
-        if found:
-            self._stopped[row], self._held[row] = True, ""
-            return held[: min(found)]
-        cut = max(len(held) - self._hold, 0)
-        self._held[row] = held[cut:]
-        return held[:cut]
+        return new if self._watches is None else self._watches[row].feed(new)
 
 
 __all__ = ["TextFeed", "event_stream", "failed_chunk", "named_event"]

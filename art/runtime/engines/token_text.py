@@ -1,4 +1,5 @@
-"""A sampled sequence's text as its tokens arrive, each token's text read once.
+"""A sampled sequence's text as its tokens arrive, each token's text read once, and where
+in it a stop string begins (`StopWatch`).
 
 Decoding a sequence's ids whole after every token costs time that grows with its length
 (the default model's tokenizer: 5.7 us at 16 tokens, 81 us at 512, 158 us at 1,024), so a
@@ -51,4 +52,31 @@ class TokenText:
         return new
 
 
-__all__ = ["TokenText"]
+class StopWatch:
+    """Finds the first of `stop` (non-empty strings) in text that arrives in pieces: each
+    piece is searched with only the tail a stop string could have begun in, held back
+    (`len(longest) - 1` characters). A stop string that began before that tail would
+    already be whole in the text, so what `feed` releases never reaches one."""
+
+    def __init__(self, stop: tuple[str, ...]) -> None:
+        self.stop = stop
+        self._hold = max(len(s) for s in stop) - 1
+        self._held = ""
+        self.seen = False  # a stop string was found: nothing more is released
+
+    def feed(self, new: str) -> str:
+        """The text now known to lie before any stop string, not released before: all but
+        the held-back tail, or the text up to the first stop string once one is seen."""
+        if self.seen:
+            return ""
+        held = self._held + new
+        found = [held.find(s) for s in self.stop if s in held]
+        if found:
+            self.seen, self._held = True, ""
+            return held[: min(found)]
+        cut = max(len(held) - self._hold, 0)
+        self._held = held[cut:]
+        return held[:cut]
+
+
+__all__ = ["StopWatch", "TokenText"]

@@ -18,7 +18,7 @@ import torch
 
 from ..base import OnToken, Sample, SamplingParams, text_until_stop
 from ..structured import Grammars
-from ..token_text import TokenText
+from ..token_text import StopWatch, TokenText
 
 
 @dataclass
@@ -73,7 +73,7 @@ class StopScan:
     """Finds the first of a row's stop strings as its text grows, one token at a time.
 
     Each token's text is read once (`TokenText`) and only the new text, with the tail a
-    stop string could start in, is searched; the text answered is `tokenizer.decode`'s,
+    stop string could start in, is searched (`StopWatch`); the text answered is `tokenizer.decode`'s,
     cut where the stop string starts. Where `TokenText` decodes the whole ids anyway (see
     there), or a stop string is empty, the whole text is searched every step, as before.
     """
@@ -84,19 +84,14 @@ class StopScan:
         text = TokenText(tokenizer)
         # An empty stop string is found in any text, the empty text of a special token too.
         self._text = text if text.streams and all(stop) else None
-        self._keep = max(len(s) for s in stop) - 1  # where a stop string may start before new text
-        self._tail = ""
+        self._watch = StopWatch(stop) if self._text is not None else None
 
     def until_stop(self, token_ids: list[int]) -> str | None:
         """The text of `token_ids` (the last one new since the previous call) cut before its
         first stop string; None while it holds none."""
-        if self._text is not None:
-            new = self._text.add(token_ids[-1])
-            if not new:  # part of a character, or a special token
-                return None
-            window = self._tail + new
-            self._tail = window[-self._keep :] if self._keep > 0 else ""
-            if not any(s in window for s in self.stop):
+        if self._text is not None and self._watch is not None:
+            self._watch.feed(self._text.add(token_ids[-1]))
+            if not self._watch.seen:
                 return None
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return text_until_stop(text, self.stop)
