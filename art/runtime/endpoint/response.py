@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from ..chat_format import ChatRendering, parse_tool_calls, tool_call
 from ..engines.base import Engine, Sample, SamplingParams
+from ..engines.token_text import prefix_lengths
 from .request import ChatCompletionRequest
 
 logger = logging.getLogger("art.endpoint")
@@ -103,11 +104,9 @@ def assistant_message(
 
 def _truncated(sample: Sample, tokenizer: Any, end: int) -> Sample:
     """`sample` cut after the fewest tokens whose text reaches character `end`."""
-    for count in range(1, len(sample.token_ids) + 1):
-        text = tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True)
-        if len(text) >= end:
-            break
-    else:
+    lengths = prefix_lengths(tokenizer, sample.token_ids)
+    count = next((k for k, length in enumerate(lengths, start=1) if length >= end), None)
+    if count is None:
         return sample
     return Sample(
         token_ids=sample.token_ids[:count],

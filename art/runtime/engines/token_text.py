@@ -1,5 +1,6 @@
-"""A sampled sequence's text as its tokens arrive, each token's text read once, and where
-in it a stop string begins (`StopWatch`).
+"""A sampled sequence's text as its tokens arrive, each token's text read once, where in it
+a stop string begins (`StopWatch`), and how long each of its prefixes decodes to
+(`prefix_lengths`: Completions' `text_offset`, a response cut at its first tool call).
 
 Decoding a sequence's ids whole after every token costs time that grows with its length
 (the default model's tokenizer: 5.7 us at 16 tokens, 81 us at 512, 158 us at 1,024), so a
@@ -13,6 +14,7 @@ or one whose decode cleans up spaces afterwards), the whole ids are decoded each
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -52,6 +54,23 @@ class TokenText:
         return new
 
 
+def prefix_lengths(tokenizer: Any, ids: Sequence[int]) -> Iterator[int]:
+    """`len(tokenizer.decode(ids[:k], skip_special_tokens=True))` for k = 1, 2, ...: each
+    token's text read once (`TokenText`), a whole decode only after a token that adds no
+    text of its own (a special token, or bytes of a character not yet complete, which a
+    prefix's decode counts as replacement characters where the stream holds them back), or
+    after every token where the tokenizer's text cannot be streamed."""
+    text = TokenText(tokenizer)
+    grown = 0
+    for count, token_id in enumerate(ids, start=1):
+        new = text.add(token_id) if text.streams else ""
+        if new:
+            grown += len(new)  # the stream released all it held: its text is decode's
+            yield grown
+        else:
+            yield len(tokenizer.decode(ids[:count], skip_special_tokens=True))
+
+
 class StopWatch:
     """Finds the first of `stop` (non-empty strings) in text that arrives in pieces: each
     piece is searched with only the tail a stop string could have begun in, held back
@@ -79,4 +98,4 @@ class StopWatch:
         return held[:cut]
 
 
-__all__ = ["StopWatch", "TokenText"]
+__all__ = ["StopWatch", "TokenText", "prefix_lengths"]

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from ...engines.base import Sample
+from ...engines.token_text import prefix_lengths
 from ..response import Route
 from .request import CompletionRequest, Prompt
 
@@ -101,13 +102,11 @@ def _logprobs(body: CompletionRequest, route: Route, sample: Sample) -> dict[str
 
 
 def _text_offsets(tokenizer: Any, sample: Sample) -> list[int]:
-    """Where each token's text starts in `sample.text` (its length for tokens past a stop
-    string, or with no text of their own)."""
-    offsets = []
-    for count in range(len(sample.token_ids)):
-        before = tokenizer.decode(sample.token_ids[:count], skip_special_tokens=True)
-        offsets.append(min(len(before), len(sample.text)))
-    return offsets
+    """Where each token's text starts in `sample.text`: the length of the text its earlier
+    tokens decode to (the text's length for tokens past a stop string, or with no text of
+    their own)."""
+    before = [0, *prefix_lengths(tokenizer, sample.token_ids)][: len(sample.token_ids)]
+    return [min(length, len(sample.text)) for length in before]
 
 
 __all__ = ["choice", "completion", "usage"]
