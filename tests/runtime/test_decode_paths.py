@@ -109,6 +109,43 @@ def test_a_seed_repeats_its_tokens_and_logprobs_use_the_model_distribution() -> 
     assert int(tokens.max()) < 500
 
 
+def test_a_kept_weights_buffer_draws_as_a_fresh_one_and_is_written_in_place() -> None:
+    """A decode loop's draws write their weights into one buffer kept between steps (a
+    fresh vocabulary-wide tensor a step was a new mapping faulted in on a CPU): the same
+    tokens and normalizers as without it, as rows leave and join, over a vocabulary that is
+    not whole blocks (the buffer's zero tail is never drawn nor summed)."""
+    torch.manual_seed(2)
+    vocab = 700
+    buffer = sampling.WeightsBuffer()
+    storage: list[int] = []
+    for rows in (6, 3, 6, 8, 2):
+        logits = torch.randn(rows, vocab) * 3
+        logits[0, :-1] = float("-inf")  # all of row 0's mass on the vocabulary's last token
+        # Every other step all rows draw at temperature 1 (the draw's sums normalize).
+        natural = rows in (3, 8)
+        temperatures = [1.0] * rows if natural else [1.0, 0.7, 1.0, 1.3, 1.0, 0.9][:rows]
+        top_ps = [1.0] * rows if natural else [1.0, 1.0, 0.9, 1.0, 1.0, 1.0][:rows]
+        drawn = []
+        for kept in (buffer, None):
+            generators = [torch.Generator().manual_seed(row) for row in range(rows)]
+            drawn.append(
+                sampling.sample_with_normalizers(
+                    logits, temperatures, top_ps, generators, buffer=kept
+                )
+            )
+        (tokens, normalizers), (fresh_tokens, fresh_normalizers) = drawn
+        assert torch.equal(tokens, fresh_tokens), rows
+        assert torch.equal(normalizers, fresh_normalizers), rows
+        assert torch.allclose(normalizers, torch.logsumexp(logits, -1), atol=1e-5), rows
+        assert int(tokens[0]) == vocab - 1
+        storage.append(buffer.rows_for(logits).data_ptr())
+    # Made at 6 rows, kept at 3 and 6, made again at 8 and kept at 2: 768 columns each row.
+    assert storage[0] == storage[1] == storage[2] != storage[3] == storage[4]
+    assert buffer.nbytes == 8 * 768 * 4
+    buffer.release()
+    assert buffer.nbytes == 0
+
+
 def _engine(model: Any, tokenizer: Any, merged: MergedCopy | None = None) -> TransformersEngine:
     return TransformersEngine(
         model,

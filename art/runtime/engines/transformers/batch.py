@@ -54,6 +54,8 @@ class BatchDecoder:
         # replayed from CUDA graphs).
         self.lean = lean
         self.model: Any = None  # what the running batch calls
+        # The draws' weights, kept while batches run (`sampling.WeightsBuffer`).
+        self.weights = sampling.WeightsBuffer()
 
     def prefill(self, requests: list[Request], device: torch.device) -> Batch | None:
         """The requests' prompts run as one batch; None when every request failed alone."""
@@ -221,6 +223,7 @@ class BatchDecoder:
             [row.request.params.top_p for row in batch.rows],
             [row.generator for row in batch.rows],
             unmasked=None if constrained is logits else logits,
+            buffer=self.weights,
         )
         chosen = logits.gather(1, tokens[:, None]).squeeze(1) - normalizers
         # Everything the rows need from this step comes to the host in one transfer: on a

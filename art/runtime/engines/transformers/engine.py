@@ -345,6 +345,7 @@ class TransformersEngine:
                 request.fail(error)
         finally:
             self._active_rows, self._batch_cache = 0, None
+            self._decoder.weights.release()
 
     def _fail_waiting(self, adapter: str | None, error: BaseException) -> None:
         """Fail every held request for `adapter`: none of them can run."""
