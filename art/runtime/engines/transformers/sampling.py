@@ -121,7 +121,8 @@ def _draw(
     # amax, not max: max also finds the indices, 12x the time on a CPU ([32, 49,152]
     # float32: 498 us against 40, AVX2, 2 cores).
     peak = logits.amax(dim=-1, keepdim=True)
-    blocked = (buffer or WeightsBuffer()).rows_for(logits)  # [rows, whole blocks]
+    kept = buffer if buffer is not None else WeightsBuffer()
+    blocked = kept.rows_for(logits)  # [rows, whole blocks]
     weights = torch.sub(logits, peak, out=blocked[:, :vocab])
     if not natural:
         temperature = _to(device, torch.tensor(temperatures, dtype=logits.dtype))
