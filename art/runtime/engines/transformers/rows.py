@@ -83,15 +83,15 @@ class StopScan:
         self.stop = stop
         text = TokenText(tokenizer)
         # An empty stop string is found in any text, the empty text of a special token too.
-        self._text = text if text.streams and all(stop) else None
-        self._watch = StopWatch(stop) if self._text is not None else None
+        self._scan = (text, StopWatch(stop)) if text.streams and all(stop) else None
 
     def until_stop(self, token_ids: list[int]) -> str | None:
         """The text of `token_ids` (the last one new since the previous call) cut before its
         first stop string; None while it holds none."""
-        if self._text is not None and self._watch is not None:
-            self._watch.feed(self._text.add(token_ids[-1]))
-            if not self._watch.seen:
+        if self._scan is not None:
+            text, watch = self._scan
+            watch.feed(text.add(token_ids[-1]))
+            if not watch.seen:
                 return None
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return text_until_stop(text, self.stop)
