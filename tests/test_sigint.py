@@ -7,9 +7,9 @@ the rest of the start-up). Each time it must exit
 within EXIT_S, and every process it started must be gone EXIT_S later. A miss does not stop
 the loop: the program gets SIGABRT, which makes Python print every thread's stack
 (PYTHONFAULTHANDLER), and that stack is part of the failure. Where CPython itself dropped
-the Ctrl-C (raised inside a weakref callback during an import, `_interpreter_dropped_it`:
-no program sees it), the round sends a second one, as a user would, and that must end it. LANES rounds run at once,
-each with its own store: most of a round is waiting for its moment.
+the Ctrl-C (`_interpreter_dropped_it`), the round sends a second one, as a user would, and
+that one must end the program. LANES rounds run at once, each with its own store: most of a
+round is waiting for its moment.
 """
 
 from __future__ import annotations
@@ -143,10 +143,10 @@ def _interpreter_dropped_it(log: str) -> bool:
     """Whether CPython itself dropped the SIGINT: its KeyboardInterrupt was raised inside a
     weakref callback (an import's module-lock cleanup, `_get_module_lock.<locals>.cb`,
     which runs during any import), where the interpreter prints it as "Exception ignored"
-    and goes on (python/cpython#95959, closed). No program sees that Ctrl-C; only a second
-    one can end it."""
-    ignored = log.find("Exception ignored in: <function ")
-    return ignored >= 0 and "KeyboardInterrupt" in log[ignored : ignored + 600]
+    and goes on (python/cpython#95959, closed). The program's own code never sees that
+    Ctrl-C; only a second one can end it."""
+    reports = log.split("Exception ignored in: <function ")[1:]
+    return any("KeyboardInterrupt" in report[:600] for report in reports)
 
 
 def delays(last: float) -> list[float]:
